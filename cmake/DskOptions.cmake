@@ -1,0 +1,43 @@
+# Compiler flags shared by every target, and the per-ISA flags of kernel translation units.
+#
+# The library itself is built for baseline x86-64 so it runs on any CPU; translation units whose
+# name ends in _avx512.cpp or _amx.cpp get the ISA flags below (dsk_isa_sources), and the backend
+# is chosen at run time from CPUID. JIT-compiled kernels use -march=native instead.
+
+set(DSK_WARNING_FLAGS -Wall -Wextra)
+if(DSK_WERROR)
+  list(APPEND DSK_WARNING_FLAGS -Werror)
+endif()
+
+set(DSK_AVX512_FLAGS -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512cd
+                     -mavx512bf16 -mavx512vnni -mavx512vbmi)
+set(DSK_AMX_FLAGS ${DSK_AVX512_FLAGS} -mamx-tile -mamx-bf16 -mamx-int8)
+
+set(DSK_SANITIZER_FLAGS "")
+if(DSK_SANITIZE STREQUAL "address")
+  set(DSK_SANITIZER_FLAGS -fsanitize=address -fno-omit-frame-pointer)
+elseif(DSK_SANITIZE STREQUAL "undefined")
+  set(DSK_SANITIZER_FLAGS -fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+elseif(DSK_SANITIZE STREQUAL "thread")
+  set(DSK_SANITIZER_FLAGS -fsanitize=thread)
+elseif(NOT DSK_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "DSK_SANITIZE must be empty, address, undefined or thread, not '${DSK_SANITIZE}'")
+endif()
+add_compile_options(${DSK_SANITIZER_FLAGS})
+add_link_options(${DSK_SANITIZER_FLAGS})
+
+# Gives every *_avx512.cpp / *_amx.cpp in the list its ISA flags.
+function(dsk_isa_sources)
+  foreach(src IN LISTS ARGN)
+    if(src MATCHES "_amx\\.cpp$")
+      set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "${DSK_AMX_FLAGS}")
+    elseif(src MATCHES "_avx512\\.cpp$")
+      set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "${DSK_AVX512_FLAGS}")
+    endif()
+  endforeach()
+endfunction()
+
+# The flags the library is built with, as `dsk env` reports them.
+string(TOUPPER "${CMAKE_BUILD_TYPE}" _dsk_bt)
+string(JOIN " " DSK_EFFECTIVE_CXX_FLAGS ${CMAKE_CXX_FLAGS} ${CMAKE_CXX_FLAGS_${_dsk_bt}} -std=c++20
+       ${DSK_WARNING_FLAGS} ${DSK_SANITIZER_FLAGS})

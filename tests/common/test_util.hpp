@@ -1,0 +1,58 @@
+// Helpers shared by the GoogleTest suites.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include <dsk/core.hpp>
+
+namespace dsk::test {
+
+// Skips (not fails) the current test when this CPU cannot run backend `b`.
+#define DSK_SKIP_UNLESS_BACKEND(b)                                                \
+  do {                                                                            \
+    if (!::dsk::backend_supported(b))                                             \
+      GTEST_SKIP() << "this CPU has no " << ::dsk::backend_name(b) << " backend"; \
+  } while (0)
+
+// Every backend this CPU supports, for parameterised tests.
+std::vector<Backend> supported_backends();
+
+// Sets the process backend for a scope and restores the previous one.
+class ScopedBackend {
+ public:
+  explicit ScopedBackend(Backend b) : saved_(backend()) { set_backend(b); }
+  ~ScopedBackend() { set_backend(saved_); }
+
+ private:
+  Backend saved_;
+};
+
+// Sets (or unsets, with nullptr) an environment variable for a scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value);
+  ~ScopedEnv();
+
+ private:
+  std::string name_;
+  std::optional<std::string> saved_;
+};
+
+// A fresh directory under the system temp dir, removed with its contents at scope exit.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Runs a shell command; returns its exit status and captures stdout+stderr into *output.
+int run_command(const std::string& command, std::string* output = nullptr);
+
+}  // namespace dsk::test

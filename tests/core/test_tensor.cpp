@@ -1,0 +1,160 @@
+#include <dlpack/dlpack.h>
+
+#include <cmath>
+
+#include <cstring>
+
+#include "common/test_util.hpp"
+
+namespace dsk {
+namespace {
+
+TEST(Tensor, EmptyIsAlignedContiguousAndSized) {
+  Tensor t = Tensor::empty({3, 5, 7}, DType::bf16);
+  EXPECT_TRUE(t.defined());
+  EXPECT_EQ(t.dim(), 3);
+  EXPECT_EQ(t.numel(), 105);
+  EXPECT_EQ(t.nbytes(), 210u);
+  EXPECT_EQ(t.strides(), (Shape{35, 7, 1}));
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data_ptr()) % 64, 0u);
+  Tensor big = Tensor::empty({4 << 20}, DType::u8);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big.data_ptr()) % (2 << 20), 0u);
+}
+
+TEST(Tensor, UndefinedByDefault) {
+  Tensor t;
+  EXPECT_FALSE(t.defined());
+  EXPECT_TRUE(Tensor::empty({}, DType::f32).defined());
+  EXPECT_EQ(Tensor::empty({}, DType::f32).numel(), 1);
+}
+
+TEST(Tensor, ViewsShareStorage) {
+  Tensor t = Tensor::empty({4, 6}, DType::f32);
+  float* p = t.data<float>();
+  for (int i = 0; i < 24; ++i) p[i] = static_cast<float>(i);
+
+  Tensor row = t.select(0, 2);
+  EXPECT_EQ(row.sizes(), (Shape{6}));
+  EXPECT_EQ(row.at<float>({3}), 15.0f);
+
+  Tensor cols = t.slice(1, 1, 4);
+  EXPECT_EQ(cols.sizes(), (Shape{4, 3}));
+  EXPECT_FALSE(cols.is_contiguous());
+  EXPECT_EQ(cols.at<float>({3, 2}), 21.0f);
+
+  Tensor tt = t.transpose(0, 1);
+  EXPECT_EQ(tt.sizes(), (Shape{6, 4}));
+  EXPECT_EQ(tt.at<float>({5, 1}), 11.0f);
+  EXPECT_TRUE(tt.shares_storage_with(t));
+
+  Tensor v = t.view({2, -1, 3});
+  EXPECT_EQ(v.sizes(), (Shape{2, 4, 3}));
+  v.at<float>({1, 0, 0}) = -1.0f;
+  EXPECT_EQ(p[12], -1.0f);
+
+  Tensor u = t.unsqueeze(0);
+  EXPECT_EQ(u.sizes(), (Shape{1, 4, 6}));
+  EXPECT_TRUE(u.is_contiguous());
+}
+
+TEST(Tensor, ContiguousCopiesStridedViews) {
+  Tensor t = Tensor::empty({5, 3}, DType::i32);
+  for (int i = 0; i < 15; ++i) t.data<int32_t>()[i] = i;
+  Tensor c = t.transpose(0, 1).contiguous();
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_FALSE(c.shares_storage_with(t));
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 5; ++j) EXPECT_EQ(c.at<int32_t>({i, j}), j * 3 + i);
+  Tensor same = t.contiguous();
+  EXPECT_TRUE(same.shares_storage_with(t));
+}
+
+TEST(Tensor, FillBytesPoisonsOnlyTheView) {
+  Tensor t = Tensor::zeros({4, 4}, DType::f32);
+  t.slice(1, 1, 3).fill_bytes_(0xFF);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(t.at<float>({i, 0}), 0.0f);
+    EXPECT_TRUE(std::isnan(t.at<float>({i, 1})));
+    EXPECT_TRUE(std::isnan(t.at<float>({i, 2})));
+    EXPECT_EQ(t.at<float>({i, 3}), 0.0f);
+  }
+}
+
+TEST(Tensor, FromBlobKeepsOwnerAlive) {
+  auto owner = std::make_shared<std::vector<int16_t>>(12, 7);
+  std::weak_ptr<std::vector<int16_t>> weak = owner;
+  Tensor t = Tensor::from_blob(owner->data(), {3, 4}, DType::i16, {}, owner);
+  owner.reset();
+  EXPECT_FALSE(weak.expired());
+  EXPECT_EQ(t.at<int16_t>({2, 3}), 7);
+  t = Tensor();
+  EXPECT_TRUE(weak.expired());
+}
+
+TEST(Tensor, BadArgumentsRaiseNamedErrors) {
+  Tensor t = Tensor::empty({2, 3}, DType::f32);
+  EXPECT_THROW(t.data<bf16>(), Error);
+  EXPECT_THROW(t.size(2), Error);
+  EXPECT_THROW(t.slice(0, 1, 3), Error);
+  EXPECT_THROW(t.view({4, 2}), Error);
+  EXPECT_THROW(t.transpose(0, 1).view({6}), Error);
+  EXPECT_THROW(Tensor::empty({-1}, DType::f32), Error);
+  EXPECT_THROW(t.reinterpret(DType::bf16), Error);
+  try {
+    t.slice(1, 2, 9);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.function(), "Tensor::slice");
+    EXPECT_NE(std::string(e.what()).find("expected 0 <= begin <= end <= 3"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Tensor, DlpackRoundTripSharesMemory) {
+  Tensor t = Tensor::empty({3, 4}, DType::bf16);
+  DLManagedTensor* m = t.to_dlpack();
+  EXPECT_EQ(m->dl_tensor.ndim, 2);
+  EXPECT_EQ(m->dl_tensor.dtype.code, kDLBfloat);
+  EXPECT_EQ(m->dl_tensor.dtype.bits, 16);
+  EXPECT_EQ(m->dl_tensor.shape[1], 4);
+  EXPECT_EQ(m->dl_tensor.strides[0], 4);
+  Tensor back = Tensor::from_dlpack(m);
+  EXPECT_EQ(back.data_ptr(), t.data_ptr());
+  EXPECT_EQ(back.sizes(), t.sizes());
+  EXPECT_EQ(back.dtype(), DType::bf16);
+
+  // A transposed view keeps its strides; fp8 travels as uint8 and is reinterpreted on import.
+  Tensor q = Tensor::empty({2, 8}, DType::e4m3).transpose(0, 1);
+  Tensor q2 = Tensor::from_dlpack(q.to_dlpack(), DType::e4m3);
+  EXPECT_EQ(q2.dtype(), DType::e4m3);
+  EXPECT_EQ(q2.strides(), (Shape{1, 8}));
+}
+
+TEST(Tensor, DlpackImportRunsDeleterOnce) {
+  static int deleted = 0;
+  static float data[6];
+  static int64_t shape[2] = {2, 3};
+  auto* m = new DLManagedTensor{};
+  m->dl_tensor.data = data;
+  m->dl_tensor.device = {kDLCPU, 0};
+  m->dl_tensor.ndim = 2;
+  m->dl_tensor.dtype = {kDLFloat, 32, 1};
+  m->dl_tensor.shape = shape;
+  m->dl_tensor.strides = nullptr;
+  m->deleter = [](DLManagedTensor* self) {
+    ++deleted;
+    delete self;
+  };
+  {
+    Tensor t = Tensor::from_dlpack(m);
+    Tensor view = t.select(0, 1);
+    EXPECT_EQ(t.strides(), (Shape{3, 1}));
+    t = Tensor();
+    EXPECT_EQ(deleted, 0);
+  }
+  EXPECT_EQ(deleted, 1);
+}
+
+}  // namespace
+}  // namespace dsk
