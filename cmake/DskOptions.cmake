@@ -5,6 +5,11 @@
 # is chosen at run time from CPUID. JIT-compiled kernels use -march=native instead.
 
 set(DSK_WARNING_FLAGS -Wall -Wextra)
+
+# NOTES: g++ contracts a*b+c into an FMA by default in C++ (and clang within one expression).
+# Contraction changes rounding, so the backends could not be bitwise identical to each other and
+# to dsk::ref. Kernels that want an FMA ask for it explicitly (std::fma, _mm512_fmadd_ps).
+add_compile_options(-ffp-contract=off)
 if(DSK_WERROR)
   list(APPEND DSK_WARNING_FLAGS -Werror)
 endif()
@@ -18,10 +23,12 @@ if(DSK_SANITIZE STREQUAL "address")
   set(DSK_SANITIZER_FLAGS -fsanitize=address -fno-omit-frame-pointer)
 elseif(DSK_SANITIZE STREQUAL "undefined")
   set(DSK_SANITIZER_FLAGS -fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+elseif(DSK_SANITIZE STREQUAL "address,undefined")
+  set(DSK_SANITIZER_FLAGS -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 elseif(DSK_SANITIZE STREQUAL "thread")
   set(DSK_SANITIZER_FLAGS -fsanitize=thread)
 elseif(NOT DSK_SANITIZE STREQUAL "")
-  message(FATAL_ERROR "DSK_SANITIZE must be empty, address, undefined or thread, not '${DSK_SANITIZE}'")
+  message(FATAL_ERROR "DSK_SANITIZE must be empty, address, undefined, address,undefined or thread, not '${DSK_SANITIZE}'")
 endif()
 add_compile_options(${DSK_SANITIZER_FLAGS})
 add_link_options(${DSK_SANITIZER_FLAGS})
@@ -39,5 +46,5 @@ endfunction()
 
 # The flags the library is built with, as `dsk env` reports them.
 string(TOUPPER "${CMAKE_BUILD_TYPE}" _dsk_bt)
-string(JOIN " " DSK_EFFECTIVE_CXX_FLAGS ${CMAKE_CXX_FLAGS} ${CMAKE_CXX_FLAGS_${_dsk_bt}} -std=c++20
+string(JOIN " " DSK_EFFECTIVE_CXX_FLAGS ${CMAKE_CXX_FLAGS} ${CMAKE_CXX_FLAGS_${_dsk_bt}} -std=c++20 -ffp-contract=off
        ${DSK_WARNING_FLAGS} ${DSK_SANITIZER_FLAGS})

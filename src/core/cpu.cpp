@@ -171,7 +171,7 @@ Backend parse_backend(std::string_view text) {
 bool backend_supported(Backend b) {
   const CpuFeatures& f = cpu_features();
   const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512_bf16 &&
-                      f.avx512_vnni && f.f16c && f.fma;
+                      f.avx512_vnni && f.avx512_vbmi && f.f16c && f.fma;
   switch (b) {
     case Backend::generic:
       return true;
@@ -193,7 +193,12 @@ Backend backend() {
   const int forced = g_forced_backend.load(std::memory_order_relaxed);
   if (forced >= 0) return static_cast<Backend>(forced);
   std::call_once(g_env_backend_once, [] {
-    if (auto v = env::lookup("", "BACKEND"); v && !v->empty()) g_env_backend = parse_backend(*v);
+    if (auto v = env::lookup("", "BACKEND"); v && !v->empty()) {
+      for (Backend b : {Backend::generic, Backend::avx512, Backend::amx})
+        if (*v == backend_name(b)) g_env_backend = b;
+      DSK_CHECK_ARG(g_env_backend.has_value(), "dsk::backend", "DSK_BACKEND",
+                    "generic, avx512 or amx", *v);
+    }
   });
   if (g_env_backend) {
     DSK_CHECK_ARG(

@@ -6,8 +6,9 @@
 
 namespace dsk::cli {
 
-void add_env_command(CLI::App& app);     // dsk env [--json]
-void add_bench_command(CLI::App& app);   // dsk bench ceilings|<module> [--json F] [--plot F] [--quick]
+void add_env_command(CLI::App& app);  // dsk env [--json]
+void add_bench_command(
+    CLI::App& app);  // dsk bench ceilings|<module> [--json F] [--plot F] [--quick]
 void add_verify_command(CLI::App& app);  // dsk verify [MODULE...] [--json F] [--quick]
 void add_demo_command(CLI::App& app);    // dsk demo
 void add_jit_command(CLI::App& app);     // dsk jit ls|clear|warmup

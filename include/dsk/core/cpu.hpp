@@ -36,7 +36,7 @@ std::ostream& operator<<(std::ostream& os, Backend b);
 Backend parse_backend(std::string_view text);
 
 // Whether this CPU (and OS) can run the backend: avx512 needs AVX-512 F/BW/VL/DQ + BF16 + VNNI
-// and F16C; amx additionally AMX-TILE/BF16/INT8 with the tile permission granted.
+// + VBMI and F16C/FMA; amx additionally AMX-TILE/BF16/INT8 with the tile permission granted.
 bool backend_supported(Backend b);
 Backend best_backend();
 

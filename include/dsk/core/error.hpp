@@ -34,8 +34,8 @@ namespace detail {
 
 template <class T>
 std::string to_text(const T& value) {
-  if constexpr (std::is_convertible_v<const T&, std::string>) {
-    return std::string(value);
+  if constexpr (std::is_constructible_v<std::string, const T&>) {
+    return std::string(value);  // strings and string_views print as text, not as lists
   } else if constexpr (requires {
                          value.begin();
                          value.end();

@@ -4,17 +4,24 @@
 //
 // Header-only and free of library dependencies: JIT-compiled kernels include it.
 //
-//   format  bits  layout (sign.exponent.mantissa, bias)   specials                 f32 -> format
-//   bf16    16    1.8.7, 127                              inf, NaN                 RNE, NaN kept
-//   (quiet) f16     16    1.5.10, 15                              inf, NaN                 RNE,
-//   overflow -> inf e4m3    8     1.4.3, 7 ("fn": finite)                 NaN = S.1111.111 only
-//   RNE, saturate to +-448 e5m2    8     1.5.2, 15                               inf, NaN RNE,
-//   overflow -> inf e2m1    4     1.2.1, 1  {0,.5,1,1.5,2,3,4,6}          none DeepGEMM thresholds
-//   ue8m0   8     0.8.0: value 2^(e-127)                  0xFF = NaN               ceil_to_ue8m0
+// clang-format off
+//   format  bits  sign.exp.man, bias        specials               f32 -> format
+//   bf16    16    1.8.7, 127                inf, NaN               RNE, NaN kept (quiet)
+//   f16     16    1.5.10, 15                inf, NaN               RNE, overflow -> inf
+//   e4m3    8     1.4.3, 7 ("fn": finite)   NaN = S.1111.111 only  RNE, saturate to +-448
+//   e5m2    8     1.5.2, 15                 inf, NaN               RNE, overflow -> inf
+//   e2m1    4     1.2.1, 1: {0,.5,1,1.5,2,3,4,6}  none             DeepGEMM thresholds
+//   ue8m0   8     0.8.0: value 2^(e-127)    0xFF = NaN             ceil_to_ue8m0
+// clang-format on
+//
+// Every NaN a conversion produces is quiet (what the x86 conversion instructions do), so scalar and
+// vector paths agree bit for bit.
 #pragma once
 
 #include <bit>
 #include <cstdint>
+
+#include <dsk/kernels/abi.hpp>
 
 namespace dsk {
 
@@ -42,7 +49,10 @@ struct ue8m0 {
   uint8_t bits;
 };
 
+// The functions live in the per-ISA ABI namespace (see dsk/kernels/abi.hpp); the types above do
+// not.
 namespace numeric {
+inline namespace DSK_TILE_ABI {
 
 // e4m3 ("fn") and e2m1 maxima; quantizers divide amax by these.
 inline constexpr float kE4m3Max = 448.0f;
@@ -99,7 +109,9 @@ constexpr float f16_to_f32(f16 x) {
   const uint32_t sign = static_cast<uint32_t>(x.bits & 0x8000u) << 16;
   const uint32_t exp = (x.bits >> 10) & 0x1Fu;
   const uint32_t man = x.bits & 0x3FFu;
-  if (exp == 0x1F) return float_of(sign | 0x7F800000u | (man << 13));  // inf / NaN (payload kept)
+  if (exp == 0x1F && man == 0) return float_of(sign | 0x7F800000u);  // inf
+  // NaN: payload kept, quiet bit set (as VCVTPH2PS does for a signalling NaN)
+  if (exp == 0x1F) return float_of(sign | 0x7FC00000u | (man << 13));
   if (exp != 0) return float_of(sign | ((exp + 112u) << 23) | (man << 13));
   // zero or subnormal: man * 2^-24, exact in f32
   const float magnitude = static_cast<float>(man) * float_of(0x33800000u);  // 2^-24
@@ -209,5 +221,6 @@ constexpr ue8m0 f32_to_ue8m0_exact(float x) {
   return ue8m0{static_cast<uint8_t>(bits_of(x) >> 23)};
 }
 
+}  // namespace DSK_TILE_ABI
 }  // namespace numeric
 }  // namespace dsk

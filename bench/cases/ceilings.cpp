@@ -1,0 +1,236 @@
+// The "ceilings" module: this machine's roofline, measured in-process (DESIGN §7). Per core
+// (1 pinned thread) and in total (every thread, each pinned to its own CPU): AMX BF16 and INT8
+// peaks, the AVX-512 FP32 FMA peak, L2-resident and DRAM read bandwidth.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include <dsk/core/cpu.hpp>
+#include <dsk/core/error.hpp>
+#include <dsk/core/threads.hpp>
+
+#include "bench/cases/ceiling_loops.hpp"
+#include "bench/harness.hpp"
+#include "bench/pinned_team.hpp"
+
+namespace dsk::bench {
+
+uint64_t read_sum_generic(const void* data, size_t bytes) {
+  const uint64_t* p = static_cast<const uint64_t*>(data);
+  const size_t words = bytes / 8;
+  uint64_t s[8] = {};
+  for (size_t i = 0; i + 8 <= words; i += 8)
+    for (int j = 0; j < 8; ++j) s[j] += p[i + j];
+  return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+
+namespace {
+
+constexpr size_t kDramBytes = size_t{1} << 30;  // far beyond any L3 a core sees
+constexpr size_t kHugePage = size_t{2} << 20;
+
+// Results of the loops land here so the compiler keeps them; atomic so threads may all write.
+std::atomic<uint64_t> g_sink{0};
+
+double seconds_per_call(const CaseContext& ctx) {
+  return ctx.quick ? 0.01 : 0.05;
+}
+
+std::string thread_text(int threads) {
+  return threads == 1 ? "1 thread" : fmt::format("{} threads", threads);
+}
+
+std::string no_amx(bool int8) {
+  const CpuFeatures& f = cpu_features();
+  const bool ok = f.amx_tile && f.amx_permitted && (int8 ? f.amx_int8 : f.amx_bf16);
+  if (ok) return "";
+  return f.amx_tile && !f.amx_permitted ? "AMX not permitted by the kernel" : "no AMX";
+}
+
+std::string no_avx512() {
+  return cpu_features().avx512f ? "" : "no AVX-512";
+}
+
+using ReadFn = uint64_t (*)(const void*, size_t);
+ReadFn best_read() {
+  return cpu_features().avx512f && cpu_features().avx512bw ? read_sum_avx512 : read_sum_generic;
+}
+
+// The shortest of three team runs of fn: one run can be stretched by a preempted thread.
+double shortest_run(PinnedTeam& team, const std::function<void(int)>& fn) {
+  double best = team.run(fn);
+  for (int i = 0; i < 2; ++i) best = std::min(best, team.run(fn));
+  return std::max(best, 1e-9);
+}
+
+// Finds how many units of `work` make one team call last about `seconds`.
+int64_t calibrate(PinnedTeam& team, const std::function<void(int64_t)>& work, double seconds) {
+  int64_t units = 256;
+  while (true) {
+    const double took = shortest_run(team, [&](int) { work(units); });
+    if (took >= seconds / 16 || units >= (int64_t{1} << 40))
+      return std::max<int64_t>(1,
+                               static_cast<int64_t>(static_cast<double>(units) * seconds / took));
+    units *= 8;
+  }
+}
+
+// Page-aligned anonymous memory on transparent huge pages where the kernel allows them.
+class HugeBuffer {
+ public:
+  explicit HugeBuffer(size_t bytes) : mapped_(bytes + kHugePage) {
+    void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    DSK_CHECK(p != MAP_FAILED, "bench ceilings",
+              fmt::format("cannot map {} MiB for the bandwidth buffer", mapped_ >> 20));
+    base_ = static_cast<char*>(p);
+    const uintptr_t aligned =
+        (reinterpret_cast<uintptr_t>(base_) + kHugePage - 1) & ~(kHugePage - 1);
+    data_ = reinterpret_cast<char*>(aligned);
+    madvise(data_, bytes, MADV_HUGEPAGE);  // a hint: failing leaves 4 KiB pages
+  }
+  ~HugeBuffer() { munmap(base_, mapped_); }
+  HugeBuffer(const HugeBuffer&) = delete;
+  HugeBuffer& operator=(const HugeBuffer&) = delete;
+  char* data() const { return data_; }
+
+ private:
+  size_t mapped_;
+  char* base_ = nullptr;
+  char* data_ = nullptr;
+};
+
+// Thread i's part of `bytes`, cut at 4 KiB boundaries.
+std::pair<size_t, size_t> slice(size_t bytes, int threads, int i) {
+  const size_t pages = bytes / 4096;
+  return {pages * i / threads * 4096, pages * (i + 1) / threads * 4096};
+}
+
+struct ComputePeak {
+  const char* name;
+  const char* term;
+  const char* shape;
+  double ops_per_iteration;
+  void (*loop)(int64_t iterations);
+  std::function<std::string()> unavailable;
+};
+
+void fp32_loop(int64_t iterations) {
+  const float lane = fp32_fma_peak_avx512(iterations);
+  g_sink.fetch_add(static_cast<uint64_t>(lane), std::memory_order_relaxed);
+}
+
+Prepared prepare_compute(const ComputePeak& peak, int threads, const CaseContext& ctx) {
+  auto team = std::make_shared<PinnedTeam>(threads);
+  const auto loop = peak.loop;
+  const int64_t iterations = calibrate(*team, loop, seconds_per_call(ctx));
+  Prepared p;
+  p.timed_kernel = [team, loop, iterations](int) {
+    return team->run([&](int) { loop(iterations); });
+  };
+  p.flops = peak.ops_per_iteration * static_cast<double>(iterations) * threads;
+  return p;
+}
+
+// Every thread reads its own buffer of half an L2 `passes` times per call.
+Prepared prepare_l2_read(int threads, const CaseContext& ctx) {
+  const size_t bytes = std::max<size_t>(64 << 10, l2_cache_bytes() / 2) & ~size_t{4095};
+  auto team = std::make_shared<PinnedTeam>(threads);
+  auto buffers = std::make_shared<std::vector<std::unique_ptr<HugeBuffer>>>(threads);
+  team->run([&](int i) {  // first touch by the thread that reads it
+    (*buffers)[i] = std::make_unique<HugeBuffer>(bytes);
+    std::memset((*buffers)[i]->data(), 0x5A, bytes);
+  });
+  const ReadFn read = best_read();
+  auto pass = [buffers, read, bytes](int i, int64_t passes) {
+    uint64_t sum = 0;
+    for (int64_t k = 0; k < passes; ++k) sum += read((*buffers)[i]->data(), bytes);
+    g_sink.fetch_add(sum, std::memory_order_relaxed);
+  };
+  const double sixteen_passes_s = shortest_run(*team, [&](int i) { pass(i, 16); });
+  const int64_t passes =
+      std::max<int64_t>(1, static_cast<int64_t>(16 * seconds_per_call(ctx) / sixteen_passes_s));
+  Prepared p;
+  p.timed_kernel = [team, pass, passes](int) { return team->run([&](int i) { pass(i, passes); }); };
+  p.bytes = static_cast<double>(bytes) * static_cast<double>(passes) * threads;
+  return p;
+}
+
+// The threads share one 1 GiB buffer, each touching and then reading its own slice.
+Prepared prepare_dram_read(int threads) {
+  auto team = std::make_shared<PinnedTeam>(threads);
+  auto buffer = std::make_shared<HugeBuffer>(kDramBytes);
+  team->run([&](int i) {
+    const auto [begin, end] = slice(kDramBytes, threads, i);
+    std::memset(buffer->data() + begin, 0x5A, end - begin);
+  });
+  const ReadFn read = best_read();
+  Prepared p;
+  p.timed_kernel = [team, buffer, read, threads](int) {
+    return team->run([&](int i) {
+      const auto [begin, end] = slice(kDramBytes, threads, i);
+      g_sink.fetch_add(read(buffer->data() + begin, end - begin), std::memory_order_relaxed);
+    });
+  };
+  p.bytes = static_cast<double>(kDramBytes);
+  return p;
+}
+
+// The per-core case (1 thread) and, on more than one thread, the whole-machine case.
+template <class Add>
+void for_each_scope(Add add) {
+  add(1, true);
+  if (get_num_threads() > 1) add(get_num_threads(), false);
+}
+
+}  // namespace
+
+void register_ceilings_cases(Registry& r) {
+  const ComputePeak peaks[] = {
+      {"amx_bf16_peak", "amx_bf16", "tdpbf16ps 2x2 tiles in registers", kAmxBf16FlopPerIteration,
+       amx_bf16_peak, [] { return no_amx(false); }},
+      {"amx_int8_peak", "amx_int8", "tdpbssd 2x2 tiles in registers", kAmxInt8OpPerIteration,
+       amx_int8_peak, [] { return no_amx(true); }},
+      {"fp32_fma_peak", "fp32", "24 zmm accumulators", kFp32FlopPerIteration, fp32_loop, no_avx512},
+  };
+  for (const ComputePeak& peak : peaks) {
+    for_each_scope([&](int threads, bool per_core) {
+      r.add(BenchCase{.name = peak.name,
+                      .shape = fmt::format("{}, {}", peak.shape, thread_text(threads)),
+                      .ceiling = peak.term,
+                      .measures = peak.term,
+                      .per_core = per_core,
+                      .unavailable = peak.unavailable,
+                      .prepare = [peak, threads](const CaseContext& ctx) {
+                        return prepare_compute(peak, threads, ctx);
+                      }});
+    });
+  }
+  for_each_scope([&](int threads, bool per_core) {
+    r.add(BenchCase{
+        .name = "l2_read",
+        .shape =
+            fmt::format("{} KiB per thread, {}", l2_cache_bytes() / 2 >> 10, thread_text(threads)),
+        .ceiling = "l2_read",
+        .measures = "l2_read",
+        .per_core = per_core,
+        .prepare = [threads](const CaseContext& ctx) { return prepare_l2_read(threads, ctx); }});
+  });
+  for_each_scope([&](int threads, bool per_core) {
+    r.add(
+        BenchCase{.name = "dram_read",
+                  .shape = fmt::format("1 GiB, {}", thread_text(threads)),
+                  .ceiling = "dram_read",
+                  .residency = Residency::cold,
+                  .working_set_bytes = kDramBytes,
+                  .measures = "dram_read",
+                  .per_core = per_core,
+                  .prepare = [threads](const CaseContext&) { return prepare_dram_read(threads); }});
+  });
+}
+
+}  // namespace dsk::bench

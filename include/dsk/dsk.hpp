@@ -1,0 +1,6 @@
+// The whole public API of DSKernels: #include <dsk/dsk.hpp> and link dsk::dsk.
+#pragma once
+
+#include <dsk/core.hpp>
+#include <dsk/jit.hpp>
+#include <dsk/ref.hpp>

@@ -1,0 +1,530 @@
+// Conversions between DSKernels' number formats for the tile layer: AVX-512 register converters
+// and the array helper convert_n<Isa>(src, dst, n), all bit-identical to the scalar rules of
+// dsk/kernels/numeric.hpp (which this header's tests check on every code and millions of f32s).
+//
+// clang-format off
+//   pair          register converter (avx512)         values per call
+//   e4m3 -> bf16  e4m3x64_to_bf16, e4m3x32_to_bf16    64, 32  (two VPERMI2B byte tables)
+//   e4m3 -> f32   e4m3x16_to_f32                      16
+//   bf16 -> f32   bf16x16_to_f32                      16
+//   f32 -> bf16   f32x16_to_bf16                      16      (RNE, subnormals kept, NaN quiet)
+//   f32 -> e4m3   f32x16_to_e4m3                      16      (RNE, saturating, NaN kept)
+//   e5m2 <-> f32  e5m2x16_to_f32, f32x16_to_e5m2      16      (RNE, overflow to inf)
+//   f16 <-> f32   f16x16_to_f32, f32x16_to_f16        16      (F16C)
+//   e2m1 -> f32   e2m1x16_to_f32                      16      (from 8 packed fp4x2 bytes)
+//   e2m1 -> bf16  e2m1x32_to_bf16                     32      (from 16 packed fp4x2 bytes)
+//   f32 -> e2m1   f32x16_to_e2m1                      16      (to 8 packed fp4x2 bytes)
+// clang-format on
+//
+// convert_n counts values, not bytes: an fp4x2 array of n values holds n/2 bytes and n must be
+// even. It never reads or writes past n (tails use masked loads and stores).
+//
+// NOTES: the AVX-512 code computes with integers where the hardware instruction would differ from
+// the scalar rule: VCVTNEPS2BF16 flushes f32 subnormals to zero, and the FP environment (MXCSR
+// rounding mode, DAZ, FTZ) must not change a result. The one floating-point add below uses an
+// embedded rounding mode, and DAZ cannot change what it returns (see f32x16_to_small_float).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include <dsk/kernels/numeric.hpp>
+#include <dsk/kernels/tile/isa.hpp>
+
+// The AVX-512 converters use VBMI byte permutes and F16C, part of the avx512 baseline (abi.hpp).
+#if DSK_TILE_HAS_AVX512
+#include <immintrin.h>
+#endif
+
+namespace dsk::tile {
+inline namespace DSK_TILE_ABI {
+
+// ---- scalar rules: one per (source, destination) pair, all from numeric.hpp ----
+
+namespace convert_detail {
+
+template <class T>
+struct Tag {};
+
+constexpr float scalar(bf16 x, Tag<float>) {
+  return numeric::bf16_to_f32(x);
+}
+constexpr bf16 scalar(float x, Tag<bf16>) {
+  return numeric::f32_to_bf16(x);
+}
+constexpr float scalar(f16 x, Tag<float>) {
+  return numeric::f16_to_f32(x);
+}
+constexpr f16 scalar(float x, Tag<f16>) {
+  return numeric::f32_to_f16(x);
+}
+constexpr float scalar(e4m3 x, Tag<float>) {
+  return numeric::e4m3_to_f32(x);
+}
+// Exact: every e4m3 value is a bf16 value.
+constexpr bf16 scalar(e4m3 x, Tag<bf16>) {
+  return numeric::f32_to_bf16(numeric::e4m3_to_f32(x));
+}
+constexpr e4m3 scalar(float x, Tag<e4m3>) {
+  return numeric::f32_to_e4m3(x);
+}
+constexpr float scalar(e5m2 x, Tag<float>) {
+  return numeric::e5m2_to_f32(x);
+}
+constexpr e5m2 scalar(float x, Tag<e5m2>) {
+  return numeric::f32_to_e5m2(x);
+}
+
+// One e2m1 code (low 4 bits) to a wider type.
+template <class Dst>
+constexpr Dst e2m1_scalar(uint8_t code) {
+  const float v = numeric::e2m1_to_f32(code);
+  if constexpr (std::is_same_v<Dst, float>)
+    return v;
+  else
+    return numeric::f32_to_bf16(v);  // exact: every e2m1 value is a bf16 value
+}
+
+template <class>
+inline constexpr bool always_false = false;
+
+}  // namespace convert_detail
+
+// The scalar rule for Src -> Dst (e.g. convert_scalar<bf16>(1.0f)).
+template <class Dst, class Src>
+constexpr Dst convert_scalar(Src x) {
+  return convert_detail::scalar(x, convert_detail::Tag<Dst>{});
+}
+
+namespace convert_detail {
+
+template <class Src, class Dst>
+inline void convert_n_generic(const Src* src, Dst* dst, size_t n) {
+  if constexpr (std::is_same_v<Src, fp4x2>) {
+    for (size_t i = 0; i < n / 2; ++i) {
+      dst[2 * i] = e2m1_scalar<Dst>(numeric::e2m1_low(src[i]));
+      dst[2 * i + 1] = e2m1_scalar<Dst>(numeric::e2m1_high(src[i]));
+    }
+  } else if constexpr (std::is_same_v<Dst, fp4x2>) {
+    static_assert(std::is_same_v<Src, float>, "fp4x2 is produced from f32 only");
+    for (size_t i = 0; i < n / 2; ++i)
+      dst[i] = numeric::pack_e2m1(numeric::f32_to_e2m1(src[2 * i]),
+                                  numeric::f32_to_e2m1(src[2 * i + 1]));
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = convert_scalar<Dst>(src[i]);
+  }
+}
+
+}  // namespace convert_detail
+
+// NOTES: g++ 12 reports the _mm512_undefined_*() placeholders inside many AVX-512 intrinsics as
+// "may be used uninitialized" once they are inlined (GCC bug 105593, fixed in 12.3 and 13).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#if DSK_TILE_HAS_AVX512
+
+// ---- AVX-512 register converters ----
+
+namespace convert_detail {
+
+// The bf16 bits of every e4m3 magnitude (code & 0x7F), split into high and low bytes so that two
+// VPERMI2B lookups (7-bit index over two registers) convert 64 codes at once.
+struct E4m3Bf16Bytes {
+  alignas(64) uint8_t hi[128];
+  alignas(64) uint8_t lo[128];
+};
+
+constexpr E4m3Bf16Bytes make_e4m3_bf16_bytes() {
+  E4m3Bf16Bytes t{};
+  for (int m = 0; m < 128; ++m) {
+    const uint16_t b = scalar(e4m3{static_cast<uint8_t>(m)}, Tag<bf16>{}).bits;
+    t.hi[m] = static_cast<uint8_t>(b >> 8);
+    t.lo[m] = static_cast<uint8_t>(b & 0xFF);
+  }
+  return t;
+}
+
+inline constexpr E4m3Bf16Bytes kE4m3Bf16Bytes = make_e4m3_bf16_bytes();
+
+// VPUNPCK{L,H}BW interleave within 128-bit lanes. Feeding them codes in this order makes the low
+// unpack produce values 0..31 and the high unpack values 32..63, in order: byte 16k+j of lane k
+// holds value 8k+j (j < 8) and byte 16k+8+j holds value 32+8k+j.
+struct UnpackOrder {
+  alignas(64) uint8_t index[64];
+};
+
+constexpr UnpackOrder make_unpack_order() {
+  UnpackOrder o{};
+  for (int k = 0; k < 4; ++k) {
+    for (int j = 0; j < 8; ++j) {
+      o.index[16 * k + j] = static_cast<uint8_t>(8 * k + j);
+      o.index[16 * k + 8 + j] = static_cast<uint8_t>(32 + 8 * k + j);
+    }
+  }
+  return o;
+}
+
+inline constexpr UnpackOrder kUnpackOrder = make_unpack_order();
+
+// The 16 e2m1 values as f32, and as bf16 repeated twice (VPERMW reads 5 index bits).
+struct E2m1Tables {
+  alignas(64) float f32[16];
+  alignas(64) uint16_t bf16[32];
+};
+
+constexpr E2m1Tables make_e2m1_tables() {
+  E2m1Tables t{};
+  for (int c = 0; c < 32; ++c) {
+    if (c < 16) t.f32[c] = e2m1_scalar<float>(static_cast<uint8_t>(c));
+    t.bf16[c] = e2m1_scalar<bf16>(static_cast<uint8_t>(c & 0xF)).bits;
+  }
+  return t;
+}
+
+inline constexpr E2m1Tables kE2m1Tables = make_e2m1_tables();
+
+inline __m512i set1_u32(uint32_t v) {
+  return _mm512_set1_epi32(static_cast<int>(v));
+}
+
+// Magnitude code of a small binary float format (kMan mantissa bits, smallest normal exponent
+// kEmin) for every lane of |x| (given as f32 bits), before saturation and NaN handling.
+//   normal range: round away the low 23-kMan bits of the f32 bits (integer RNE) and rebias;
+//   below 2^kEmin the quantum is fixed at 2^(kEmin-kMan): adding 2^(kEmin-kMan+23) makes the adder
+//   round |x| to that quantum (RNE by embedded rounding, whatever MXCSR says). An f32 subnormal
+//   rounds to code 0 whether or not DAZ treats it as zero.
+template <int kMan, int kEmin>
+inline __m512i f32x16_to_small_float(__m512i abs_bits) {
+  constexpr int kShift = 23 - kMan;
+  constexpr uint32_t kRebias = static_cast<uint32_t>(127 - 1 + kEmin) << 23;  // f32 exp -> fmt exp
+  constexpr uint32_t kMinNormal = static_cast<uint32_t>(127 + kEmin) << 23;
+  constexpr uint32_t kMagic = static_cast<uint32_t>(127 + kEmin - kMan + 23) << 23;
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(abs_bits, kShift), set1_u32(1));
+  const __m512i bias = _mm512_add_epi32(lsb, set1_u32((1u << (kShift - 1)) - 1u - kRebias));
+  const __m512i normal = _mm512_srli_epi32(_mm512_add_epi32(abs_bits, bias), kShift);
+  const __m512 shifted =
+      _mm512_add_round_ps(_mm512_castsi512_ps(abs_bits), _mm512_castsi512_ps(set1_u32(kMagic)),
+                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __mmask16 small = _mm512_cmplt_epu32_mask(abs_bits, set1_u32(kMinNormal));
+  return _mm512_mask_sub_epi32(normal, small, _mm512_castps_si512(shifted), set1_u32(kMagic));
+}
+
+// Finishes f32x16_to_e4m3 / _e5m2: clamp the magnitude to `max_code` (448 or inf), NaN lanes get
+// 0x7F, the sign goes to bit 7, and each lane is narrowed to a byte.
+inline __m128i finish_small_float(__m512i code, __m512i bits, __m512i abs_bits, uint32_t max_code) {
+  code = _mm512_min_epu32(code, set1_u32(max_code));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs_bits, set1_u32(0x7F800000u));
+  code = _mm512_mask_mov_epi32(code, nan, set1_u32(0x7F));
+  // code | ((bits >> 24) & 0x80)
+  code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(bits, 24), set1_u32(0x80), 0xF8);
+  return _mm512_cvtepi32_epi8(code);
+}
+
+}  // namespace convert_detail
+
+// 64 e4m3 codes -> 64 bf16: `first` holds values 0..31, `second` values 32..63.
+struct Bf16x64 {
+  __m512i first;
+  __m512i second;
+};
+
+inline Bf16x64 e4m3x64_to_bf16(__m512i codes) {
+  using convert_detail::kE4m3Bf16Bytes;
+  const __m512i x =
+      _mm512_permutexvar_epi8(_mm512_load_si512(convert_detail::kUnpackOrder.index), codes);
+  // VPERMI2B ignores index bit 7 (the sign): the tables are indexed by the magnitude.
+  __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(kE4m3Bf16Bytes.hi), x,
+                                        _mm512_load_si512(kE4m3Bf16Bytes.hi + 64));
+  const __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(kE4m3Bf16Bytes.lo), x,
+                                              _mm512_load_si512(kE4m3Bf16Bytes.lo + 64));
+  hi = _mm512_ternarylogic_epi32(hi, x, _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
+  return {_mm512_unpacklo_epi8(lo, hi), _mm512_unpackhi_epi8(lo, hi)};
+}
+
+inline __m512i e4m3x32_to_bf16(__m256i codes) {
+  return e4m3x64_to_bf16(_mm512_zextsi256_si512(codes)).first;
+}
+
+inline __m512 bf16x16_to_f32(__m256i x) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+
+inline __m512 e4m3x16_to_f32(__m128i codes) {
+  using convert_detail::kE4m3Bf16Bytes;
+  const __m512i x = _mm512_cvtepu8_epi32(codes);
+  // Bytes 1..3 of each lane are 0 and look up code 0, whose bf16 bytes are 0.
+  __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(kE4m3Bf16Bytes.hi), x,
+                                        _mm512_load_si512(kE4m3Bf16Bytes.hi + 64));
+  const __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(kE4m3Bf16Bytes.lo), x,
+                                              _mm512_load_si512(kE4m3Bf16Bytes.lo + 64));
+  hi = _mm512_ternarylogic_epi32(hi, x, convert_detail::set1_u32(0x80), 0xF8);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(hi, 24), _mm512_slli_epi32(lo, 16)));
+}
+
+// RNE on the bits (x + 0x7FFF + lsb) >> 16; NaN becomes (x >> 16) | 0x40.
+inline __m256i f32x16_to_bf16(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i high = _mm512_srli_epi32(bits, 16);
+  const __m512i lsb = _mm512_and_si512(high, convert_detail::set1_u32(1));
+  const __m512i rounded = _mm512_srli_epi32(
+      _mm512_add_epi32(bits, _mm512_add_epi32(lsb, convert_detail::set1_u32(0x7FFF))), 16);
+  const __m512i abs_bits = _mm512_and_si512(bits, convert_detail::set1_u32(0x7FFFFFFFu));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs_bits, convert_detail::set1_u32(0x7F800000u));
+  const __m512i quiet = _mm512_or_si512(high, convert_detail::set1_u32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
+}
+
+inline __m128i f32x16_to_e4m3(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i abs_bits = _mm512_and_si512(bits, convert_detail::set1_u32(0x7FFFFFFFu));
+  const __m512i code = convert_detail::f32x16_to_small_float<3, -6>(abs_bits);
+  return convert_detail::finish_small_float(code, bits, abs_bits, 0x7E);  // saturate at 448
+}
+
+inline __m128i f32x16_to_e5m2(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i abs_bits = _mm512_and_si512(bits, convert_detail::set1_u32(0x7FFFFFFFu));
+  const __m512i code = convert_detail::f32x16_to_small_float<2, -14>(abs_bits);
+  return convert_detail::finish_small_float(code, bits, abs_bits, 0x7C);  // overflow to inf
+}
+
+// An e5m2 code is the high byte of the f16 with the same value.
+inline __m512 e5m2x16_to_f32(__m128i codes) {
+  return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(codes), 8));
+}
+
+inline __m512 f16x16_to_f32(__m256i x) {
+  return _mm512_cvtph_ps(x);
+}
+
+inline __m256i f32x16_to_f16(__m512 x) {
+  return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+// The low 8 bytes of `packed` (16 e2m1 values, low nibble first) -> 16 f32.
+inline __m512 e2m1x16_to_f32(__m128i packed) {
+  const __m512i bytes = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(packed, packed));
+  const __m512i shift = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
+  // VPERMPS reads only the low 4 bits of each index: no mask needed after the shift.
+  return _mm512_permutexvar_ps(_mm512_srlv_epi32(bytes, shift),
+                               _mm512_load_ps(convert_detail::kE2m1Tables.f32));
+}
+
+// 16 packed bytes (32 e2m1 values) -> 32 bf16.
+inline __m512i e2m1x32_to_bf16(__m128i packed) {
+  const __m256i doubled =
+      _mm256_set_m128i(_mm_unpackhi_epi8(packed, packed), _mm_unpacklo_epi8(packed, packed));
+  const __m512i shift = _mm512_set1_epi32(0x00040000);  // 0 for even words, 4 for odd words
+  const __m512i nibbles = _mm512_srlv_epi16(_mm512_cvtepu8_epi16(doubled), shift);
+  // VPERMW reads 5 index bits; the table repeats its 16 entries so bit 4 does not matter.
+  return _mm512_permutexvar_epi16(nibbles, _mm512_load_si512(convert_detail::kE2m1Tables.bf16));
+}
+
+// 16 f32 -> 8 packed bytes (in the low half): the number of DeepGEMM thresholds below |x|, sign
+// only for a non-zero magnitude, NaN -> +0.
+inline __m128i f32x16_to_e2m1(__m512 x) {
+  constexpr float kThresholds[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  const __m512 a = _mm512_abs_ps(x);
+  const __m512i one = convert_detail::set1_u32(1);
+  __m512i code = _mm512_setzero_si512();
+  for (float t : kThresholds)
+    code = _mm512_mask_add_epi32(code, _mm512_cmp_ps_mask(a, _mm512_set1_ps(t), _CMP_GT_OQ), code,
+                                 one);
+  const __mmask16 negative =
+      _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ) & _mm512_test_epi32_mask(code, code);
+  code = _mm512_mask_or_epi32(code, negative, code, convert_detail::set1_u32(0x8));
+  // Each 64-bit lane holds (even, odd): move the odd code next to the even one, keep the low byte.
+  return _mm512_cvtepi64_epi8(_mm512_or_si512(code, _mm512_srli_epi64(code, 28)));
+}
+
+// ---- AVX-512 array loops (full vectors, then one masked tail) ----
+
+namespace convert_detail {
+
+inline __mmask16 tail_mask16(size_t n) {
+  return static_cast<__mmask16>((1u << n) - 1u);  // n < 16
+}
+inline __mmask32 tail_mask32(size_t n) {
+  return n >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint32_t{1} << n) - 1u);
+}
+inline __mmask64 tail_mask64(size_t n) {
+  return n >= 64 ? ~__mmask64{0} : (uint64_t{1} << n) - 1u;
+}
+
+inline void convert_n_avx512(const float* src, bf16* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        f32x16_to_bf16(_mm512_loadu_ps(src + i)));
+  if (i == n) return;
+  const __mmask16 m = tail_mask16(n - i);
+  _mm256_mask_storeu_epi16(dst + i, m, f32x16_to_bf16(_mm512_maskz_loadu_ps(m, src + i)));
+}
+
+inline void convert_n_avx512(const bf16* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i,
+                     bf16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  if (i == n) return;
+  const __mmask16 m = tail_mask16(n - i);
+  _mm512_mask_storeu_ps(dst + i, m, bf16x16_to_f32(_mm256_maskz_loadu_epi16(m, src + i)));
+}
+
+inline void convert_n_avx512(const float* src, f16* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        f32x16_to_f16(_mm512_loadu_ps(src + i)));
+  if (i == n) return;
+  const __mmask16 m = tail_mask16(n - i);
+  _mm256_mask_storeu_epi16(dst + i, m, f32x16_to_f16(_mm512_maskz_loadu_ps(m, src + i)));
+}
+
+inline void convert_n_avx512(const f16* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i,
+                     f16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  if (i == n) return;
+  const __mmask16 m = tail_mask16(n - i);
+  _mm512_mask_storeu_ps(dst + i, m, f16x16_to_f32(_mm256_maskz_loadu_epi16(m, src + i)));
+}
+
+inline void convert_n_avx512(const float* src, e4m3* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), f32x16_to_e4m3(_mm512_loadu_ps(src + i)));
+  if (i == n) return;
+  const __mmask16 m = tail_mask16(n - i);
+  _mm_mask_storeu_epi8(dst + i, m, f32x16_to_e4m3(_mm512_maskz_loadu_ps(m, src + i)));
+}
+
+inline void convert_n_avx512(const float* src, e5m2* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), f32x16_to_e5m2(_mm512_loadu_ps(src + i)));
+  if (i == n) return;
+  const __mmask16 m = tail_mask16(n - i);
+  _mm_mask_storeu_epi8(dst + i, m, f32x16_to_e5m2(_mm512_maskz_loadu_ps(m, src + i)));
+}
+
+inline void convert_n_avx512(const e5m2* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i,
+                     e5m2x16_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  if (i == n) return;
+  const __mmask16 m = tail_mask16(n - i);
+  _mm512_mask_storeu_ps(dst + i, m, e5m2x16_to_f32(_mm_maskz_loadu_epi8(m, src + i)));
+}
+
+inline void convert_n_avx512(const e4m3* src, bf16* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    const Bf16x64 r = e4m3x64_to_bf16(_mm512_loadu_si512(src + i));
+    _mm512_storeu_si512(dst + i, r.first);
+    _mm512_storeu_si512(dst + i + 32, r.second);
+  }
+  if (i == n) return;
+  const size_t rest = n - i;
+  const Bf16x64 r = e4m3x64_to_bf16(_mm512_maskz_loadu_epi8(tail_mask64(rest), src + i));
+  _mm512_mask_storeu_epi16(dst + i, tail_mask32(rest), r.first);
+  if (rest > 32) _mm512_mask_storeu_epi16(dst + i + 32, tail_mask32(rest - 32), r.second);
+}
+
+// Widens up to 16 bf16 (the words of `half`) to f32 at dst; `count` <= 16 values are stored.
+inline void store_bf16_as_f32(float* dst, __m256i half, size_t count) {
+  if (count >= 16)
+    _mm512_storeu_ps(dst, bf16x16_to_f32(half));
+  else
+    _mm512_mask_storeu_ps(dst, tail_mask16(count), bf16x16_to_f32(half));
+}
+
+// Stores the first `count` (<= 64) values of a converted 64-value block as f32.
+inline void store_bf16x64_as_f32(float* dst, const Bf16x64& r, size_t count) {
+  const __m256i quarters[4] = {
+      _mm512_castsi512_si256(r.first), _mm512_extracti64x4_epi64(r.first, 1),
+      _mm512_castsi512_si256(r.second), _mm512_extracti64x4_epi64(r.second, 1)};
+  for (size_t q = 0; q < 4 && 16 * q < count; ++q)
+    store_bf16_as_f32(dst + 16 * q, quarters[q], count - 16 * q);
+}
+
+// Through bf16 (exact): one table lookup serves 64 values instead of 16.
+inline void convert_n_avx512(const e4m3* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64)
+    store_bf16x64_as_f32(dst + i, e4m3x64_to_bf16(_mm512_loadu_si512(src + i)), 64);
+  if (i == n) return;
+  const size_t rest = n - i;
+  store_bf16x64_as_f32(dst + i,
+                       e4m3x64_to_bf16(_mm512_maskz_loadu_epi8(tail_mask64(rest), src + i)), rest);
+}
+
+inline void convert_n_avx512(const float* src, fp4x2* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + i / 2),
+                     f32x16_to_e2m1(_mm512_loadu_ps(src + i)));
+  if (i == n) return;
+  const size_t rest = n - i;  // even
+  const __m128i packed = f32x16_to_e2m1(_mm512_maskz_loadu_ps(tail_mask16(rest), src + i));
+  _mm_mask_storeu_epi8(dst + i / 2, tail_mask16(rest / 2), packed);
+}
+
+inline void convert_n_avx512(const fp4x2* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(
+        dst + i, e2m1x16_to_f32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i / 2))));
+  if (i == n) return;
+  const size_t rest = n - i;  // even
+  const __m512 values = e2m1x16_to_f32(_mm_maskz_loadu_epi8(tail_mask16(rest / 2), src + i / 2));
+  _mm512_mask_storeu_ps(dst + i, tail_mask16(rest), values);
+}
+
+inline void convert_n_avx512(const fp4x2* src, bf16* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    _mm512_storeu_si512(
+        dst + i, e2m1x32_to_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i / 2))));
+  if (i == n) return;
+  const size_t rest = n - i;  // even
+  const __m512i values = e2m1x32_to_bf16(_mm_maskz_loadu_epi8(tail_mask16(rest / 2), src + i / 2));
+  _mm512_mask_storeu_epi16(dst + i, tail_mask32(rest), values);
+}
+
+}  // namespace convert_detail
+
+#endif  // DSK_TILE_HAS_AVX512
+
+// ---- arrays: n values from src to dst with the ISA's best converter ----
+
+// Supported pairs: f32 <-> bf16, f32 <-> f16, f32 <-> e4m3, e4m3 -> bf16, f32 <-> e5m2,
+// f32 <-> fp4x2 and fp4x2 -> bf16. `n` counts values; for fp4x2 it must be even (n/2 bytes).
+// avx512_t and amx_t need a translation unit compiled with the AVX-512 flags.
+template <Isa I, class Src, class Dst>
+inline void convert_n(const Src* src, Dst* dst, size_t n) {
+  if constexpr (std::is_same_v<I, generic_t>) {
+    convert_detail::convert_n_generic(src, dst, n);
+  } else {
+#if DSK_TILE_HAS_AVX512
+    convert_detail::convert_n_avx512(src, dst, n);
+#else
+    static_assert(
+        convert_detail::always_false<I>,
+        "convert_n<avx512_t|amx_t> needs AVX-512 with VBMI and F16C in this translation unit");
+#endif
+  }
+}
+
+}  // namespace DSK_TILE_ABI
+}  // namespace dsk::tile
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif

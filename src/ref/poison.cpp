@@ -1,0 +1,46 @@
+// NaN poisoning of outputs and the check that a kernel overwrote every element (DESIGN §6).
+#include <cstring>
+
+#include <dsk/ref.hpp>
+
+#include "walk.hpp"
+
+namespace dsk::ref {
+
+uint8_t poison_byte(DType dtype) {
+  switch (dtype) {
+    case DType::f64:
+    case DType::f32:
+    case DType::f16:
+    case DType::bf16:
+    case DType::e4m3:
+    case DType::e5m2:
+    case DType::ue8m0:
+      return 0xFF;  // NaN with every bit set in each of these formats
+    case DType::fp4x2:
+      return 0x88;  // (-0, -0): the e2m1 quantizer never writes -0
+    default:
+      return 0x7F;
+  }
+}
+
+void poison(const Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return;
+  Tensor view = t;  // fill_bytes_ writes through the shared storage
+  view.fill_bytes_(poison_byte(t.dtype()));
+}
+
+int64_t count_poisoned(const Tensor& t) {
+  if (!t.defined()) return 0;
+  const size_t es = t.element_size();
+  uint8_t pattern[8];
+  std::memset(pattern, poison_byte(t.dtype()), sizeof(pattern));
+  int64_t count = 0;
+  detail::for_each_raw_row(t, [&](const detail::RawRow& row) {
+    for (int64_t i = 0; i < row.length; ++i)
+      count += std::memcmp(row.first + i * row.stride_bytes, pattern, es) == 0;
+  });
+  return count;
+}
+
+}  // namespace dsk::ref

@@ -1,0 +1,204 @@
+// The `dsk` program, run as a user runs it: JSON outputs parse and carry the documented keys,
+// every error is one stderr line with exit status 2, verify passes, --plot draws a PNG.
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/test_util.hpp"
+
+namespace dsk {
+namespace {
+
+#ifdef DSK_TEST_PROGRAM
+constexpr const char* kProgram = DSK_TEST_PROGRAM;
+#else
+constexpr const char* kProgram = nullptr;
+#endif
+
+#define DSK_SKIP_WITHOUT_PROGRAM()                                                       \
+  do {                                                                                   \
+    if (!kProgram) GTEST_SKIP() << "the dsk program is not built (DSK_BUILD_TOOLS=OFF)"; \
+  } while (0)
+
+struct Outcome {
+  int status = -1;
+  std::string out;  // stdout, or stderr for stderr_of()
+};
+
+// Runs `dsk <args>` with `env` prepended ("DSK_BACKEND=x"); captures stdout only.
+Outcome stdout_of(const std::string& args, const std::string& env = "") {
+  Outcome o;
+  o.status =
+      test::run_command("{ " + env + " " + kProgram + " " + args + " 2>/dev/null; }", &o.out);
+  return o;
+}
+
+// The same, capturing stderr only.
+Outcome stderr_of(const std::string& args, const std::string& env = "") {
+  Outcome o;
+  o.status = test::run_command("{ " + env + " " + kProgram + " " + args + " >/dev/null; }", &o.out);
+  return o;
+}
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void expect_keys(const nlohmann::json& j, std::initializer_list<const char*> keys) {
+  for (const char* k : keys) EXPECT_TRUE(j.contains(k)) << "missing key '" << k << "' in " << j;
+}
+
+void expect_env_keys(const nlohmann::json& env) {
+  expect_keys(env, {"version", "git", "cpu", "features", "backend", "threads", "compiler", "flags",
+                    "supported_backends", "variables"});
+  EXPECT_TRUE(env["features"].is_array());
+  EXPECT_GE(env["threads"].get<int>(), 1);
+}
+
+// Exactly one line, "dsk: ...".
+void expect_one_error_line(const Outcome& o) {
+  EXPECT_EQ(o.status, 2) << o.out;
+  ASSERT_FALSE(o.out.empty());
+  EXPECT_EQ(o.out.rfind("dsk: ", 0), 0u) << o.out;
+  EXPECT_EQ(o.out.find('\n'), o.out.size() - 1) << "more than one line:\n" << o.out;
+}
+
+TEST(Cli, HelpExitsZeroAndListsTheCommands) {
+  DSK_SKIP_WITHOUT_PROGRAM();
+  const Outcome o = stdout_of("--help");
+  EXPECT_EQ(o.status, 0);
+  for (const char* cmd : {"env", "bench", "verify", "demo"})
+    EXPECT_NE(o.out.find(cmd), std::string::npos) << o.out;
+  EXPECT_EQ(stdout_of("bench --help").status, 0);
+}
+
+TEST(Cli, EnvJsonHasTheDocumentedKeys) {
+  DSK_SKIP_WITHOUT_PROGRAM();
+  const Outcome o = stdout_of("env --json", "DSK_NO_SUCH_VARIABLE=1");
+  ASSERT_EQ(o.status, 0);
+  const nlohmann::json j = nlohmann::json::parse(o.out);
+  expect_env_keys(j);
+  expect_keys(j, {"known_variables", "jit", "mpi", "build_type"});
+  EXPECT_EQ(j["version"], std::string(build_info().version));
+  EXPECT_EQ(j["backend"], std::string(backend_name(backend())));
+  bool flagged = false;
+  for (const auto& v : j["variables"])
+    if (v["name"] == "DSK_NO_SUCH_VARIABLE") flagged = !v["known"].get<bool>();
+  EXPECT_TRUE(flagged) << j["variables"];
+  EXPECT_FALSE(j["known_variables"].empty());
+}
+
+TEST(Cli, EnvTextFlagsUnknownVariables) {
+  DSK_SKIP_WITHOUT_PROGRAM();
+  const Outcome o = stdout_of("env", "DSK_NO_SUCH_VARIABLE=7");
+  ASSERT_EQ(o.status, 0);
+  EXPECT_NE(o.out.find("DSK_NO_SUCH_VARIABLE=7   (unknown)"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("DSK_BACKEND"), std::string::npos);
+}
+
+TEST(Cli, UnknownOptionIsOneLineAndStatus2) {
+  DSK_SKIP_WITHOUT_PROGRAM();
+  expect_one_error_line(stderr_of("env --no-such-option"));
+  expect_one_error_line(stderr_of("no-such-command"));
+  expect_one_error_line(stderr_of(""));
+}
+
+TEST(Cli, BadBackendIsOneLineAndStatus2) {
+  DSK_SKIP_WITHOUT_PROGRAM();
+  expect_one_error_line(stderr_of("env", "DSK_BACKEND=bogus"));
+  expect_one_error_line(stderr_of("verify --quick", "DSK_BACKEND=bogus"));
+  if (!backend_supported(Backend::amx)) expect_one_error_line(stderr_of("env", "DSK_BACKEND=amx"));
+}
+
+TEST(Cli, UnknownModuleIsOneLineAndStatus2) {
+  DSK_SKIP_WITHOUT_PROGRAM();
+  expect_one_error_line(stderr_of("verify no_such_module"));
+  expect_one_error_line(stderr_of("bench no_such_module"));
+  expect_one_error_line(stderr_of("verify --filter '('"));
+}
+
+TEST(Cli, VerifyQuickPassesAndWritesJson) {
+  DSK_SKIP_WITHOUT_PROGRAM();
+  test::TempDir dir;
+  const auto json_path = dir.path() / "verify.json";
+  const Outcome o = stdout_of("verify --quick --json " + json_path.string());
+  EXPECT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("PASS"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("FAIL"), std::string::npos) << o.out;
+  const nlohmann::json j = nlohmann::json::parse(read_file(json_path));
+  expect_env_keys(j["env"]);
+  ASSERT_FALSE(j["results"].empty());
+  for (const auto& r : j["results"]) {
+    expect_keys(r, {"module", "name", "shape", "metric", "value", "tolerance", "passed"});
+    EXPECT_TRUE(r["passed"].get<bool>()) << r;
+  }
+}
+
+// One `dsk bench ceilings --quick` run (seconds: it reads 1 GiB) shared by the checks below.
+class BenchCeilings : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!kProgram) return;
+    dir_ = new test::TempDir;
+    const std::string json = (dir_->path() / "ceilings.json").string();
+    const std::string png = (dir_->path() / "roofline.png").string();
+    const std::string err = (dir_->path() / "stderr.txt").string();
+    status_ = test::run_command("{ " + std::string(kProgram) + " bench ceilings --quick --json " +
+                                    json + " --plot " + png + " 2>" + err + "; }",
+                                &stdout_);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static inline test::TempDir* dir_ = nullptr;
+  static inline int status_ = -1;
+  static inline std::string stdout_;
+};
+
+TEST_F(BenchCeilings, SucceedsQuietlyWhenStderrIsNotATerminal) {
+  DSK_SKIP_WITHOUT_PROGRAM();
+  EXPECT_EQ(status_, 0) << stdout_;
+  EXPECT_EQ(read_file(dir_->path() / "stderr.txt"), "") << "no progress bar outside a terminal";
+  EXPECT_NE(stdout_.find("DRAM read"), std::string::npos) << stdout_;
+}
+
+TEST_F(BenchCeilings, JsonFollowsTheSchema) {
+  DSK_SKIP_WITHOUT_PROGRAM();
+  const nlohmann::json j = nlohmann::json::parse(read_file(dir_->path() / "ceilings.json"));
+  expect_keys(j, {"env", "ceilings", "results"});
+  expect_env_keys(j["env"]);
+  const nlohmann::json& c = j["ceilings"];
+  expect_keys(c, {"amx_bf16_tflops", "amx_int8_tops", "fp32_tflops", "dram_read_gbs", "threads",
+                  "per_core"});
+  ASSERT_TRUE(c["dram_read_gbs"].is_number()) << c;
+  EXPECT_GT(c["dram_read_gbs"].get<double>(), 0);
+  EXPECT_EQ(c["amx_bf16_tflops"].is_number(), backend_supported(Backend::amx)) << c;
+  if (cpu_features().avx512f) {
+    EXPECT_GT(c["fp32_tflops"].get<double>(), 0) << c;
+  }
+  ASSERT_FALSE(j["results"].empty());
+  for (const auto& r : j["results"]) {
+    expect_keys(r, {"module", "name", "shape", "median_s", "tflops", "gbs", "ceiling",
+                    "fraction_of_ceiling", "peer", "peer_median_s", "speedup_vs_peer"});
+    EXPECT_EQ(r["module"], "ceilings");
+    if (r["skipped"].is_null()) {
+      EXPECT_GT(r["median_s"].get<double>(), 0) << r;
+    }
+  }
+}
+
+TEST_F(BenchCeilings, PlotIsAPng) {
+  DSK_SKIP_WITHOUT_PROGRAM();
+  const std::string png = read_file(dir_->path() / "roofline.png");
+  ASSERT_GT(png.size(), 1000u);
+  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+}
+
+}  // namespace
+}  // namespace dsk
