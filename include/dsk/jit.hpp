@@ -192,4 +192,10 @@ Stats stats();
 // (256, 2) are also compiled into libdsk ahead of time.
 KernelSource sample_kernel(int cols, int rows_per_step);
 
+// The tile layer's worked example (dsk/kernels/examples/scaled_rowsum.hpp, docs/tile.md):
+// y[r] = scale[r] * sum of bf16 row r, as tile multiplies for `isa`. cols = 0 instantiates the
+// runtime-shape variant. `dsk jit warmup` times it: it includes the whole tile layer, like every
+// real kernel.
+KernelSource tile_example_kernel(Backend isa, int cols);
+
 }  // namespace dsk::jit

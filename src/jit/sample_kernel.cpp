@@ -1,6 +1,7 @@
-// Host side of the JIT's sample kernel (dsk/kernels/jit_test/rowsum.hpp): its KernelSource, and
-// the ahead-of-time instantiations compiled into libdsk. Both name an instantiation with the same
-// function, so the AOT registry finds exactly what the JIT would have compiled.
+// Host side of the JIT's sample kernels: the row sum of dsk/kernels/jit_test/rowsum.hpp (its
+// KernelSource and the ahead-of-time instantiations compiled into libdsk), and the tile layer's
+// worked example dsk/kernels/examples/scaled_rowsum.hpp. The row sum names its instantiation with
+// one function for the JIT and the AOT registry, so both find exactly the same kernel.
 #include <utility>
 
 #include <fmt/core.h>
@@ -49,6 +50,21 @@ KernelSource sample_kernel(int cols, int rows_per_step) {
                       .args_type = "dsk::kernels::jit_test::RowsumArgs",
                       .isa = Backend::generic,
                       .dependency_signature = ""};
+}
+
+KernelSource tile_example_kernel(Backend isa, int cols) {
+  DSK_CHECK_ARG(cols >= 0, "dsk::jit::tile_example_kernel", "cols", "cols >= 0 (0: runtime shape)",
+                cols);
+  return KernelSource{
+      .name = fmt::format("scaled_rowsum_bf16_f32_c{}_{}", cols, backend_name(isa)),
+      .module = "",
+      .header = "dsk/kernels/examples/scaled_rowsum.hpp",
+      .instantiation = fmt::format("dsk::kernels::examples::scaled_rowsum<dsk::tile::{}_t, "
+                                   "dsk::kernels::examples::ScaledRowsumConfig{{.cols = {}}}>",
+                                   backend_name(isa), cols),
+      .args_type = "dsk::kernels::examples::ScaledRowsumArgs",
+      .isa = isa,
+      .dependency_signature = ""};
 }
 
 }  // namespace dsk::jit

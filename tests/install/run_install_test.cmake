@@ -20,7 +20,8 @@ endforeach()
 run(${CMAKE_COMMAND} -S "${SRC}/tests/install/consumer" -B "${WORK}/build" -G Ninja
     -DCMAKE_PREFIX_PATH=${WORK}/prefix -DCMAKE_CXX_COMPILER=${CXX})
 run(${CMAKE_COMMAND} --build "${WORK}/build")
-run(${CMAKE_COMMAND} -E env DSK_JIT_CACHE_DIR=${WORK}/jit-cache "${WORK}/build/consumer")
+run(${CMAKE_COMMAND} -E env DSK_JIT_CACHE_DIR=${WORK}/jit-cache --unset=DSK_JIT_INCLUDE_DIR
+    "${WORK}/build/consumer" "${WORK}/prefix")
 message(STATUS "${last_output}")
 if(NOT last_output MATCHES "consumer ok")
   message(FATAL_ERROR "the consumer did not report success: ${last_output}")

@@ -9,6 +9,7 @@
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
+#include <dsk/core/cpu.hpp>
 #include <dsk/core/error.hpp>
 #include <dsk/core/timer.hpp>
 #include <dsk/jit.hpp>
@@ -20,9 +21,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The kernel `warmup` times: small enough to compile in about a second.
+// The kernel `warmup` times: the tile layer's worked example for this machine's backend, which
+// includes the whole tile layer as every real kernel does.
 jit::KernelSource warmup_kernel(const std::string& module) {
-  jit::KernelSource source = jit::sample_kernel(64, 4);
+  jit::KernelSource source = jit::tile_example_kernel(backend(), 256);
   source.module = module;
   return source;
 }
