@@ -477,16 +477,18 @@ class BulkConvert : public ::testing::TestWithParam<Backend> {};
 TEST_P(BulkConvert, MatchesScalarRulesOnEveryLength) {
   DSK_TRACE_SEED();
   test::ScopedBackend scoped(GetParam());
-  const std::vector<float> floats = random_floats(1 << 14, test_seed());
-  std::vector<bf16> bf16s(1 << 14);
-  std::vector<f16> f16s(1 << 14);
+  // More than two 256 Ki-value chunks, so the full-length run takes the multi-threaded path.
+  constexpr size_t kValues = 600'002;
+  const std::vector<float> floats = random_floats(kValues, test_seed());
+  std::vector<bf16> bf16s(kValues);
+  std::vector<f16> f16s(kValues);
   for (size_t i = 0; i < bf16s.size(); ++i) {
     bf16s[i] = bf16{static_cast<uint16_t>(bits_of(floats[i]) >> 16)};
     f16s[i] = f16{static_cast<uint16_t>(bits_of(floats[i]) >> 8)};
   }
-  const auto e4m3s = every_code_repeated<e4m3>(1024);
-  const auto e5m2s = every_code_repeated<e5m2>(1024);
-  const auto fp4s = every_code_repeated<fp4x2>(1024);
+  const auto e4m3s = every_code_repeated<e4m3>(kValues);
+  const auto e5m2s = every_code_repeated<e5m2>(kValues);
+  const auto fp4s = every_code_repeated<fp4x2>(kValues / 2);
 
   check_bulk<float, bf16>("convert_f32_to_bf16", convert_f32_to_bf16, floats,
                           [](const float* s, size_t i) { return f32_to_bf16(s[i]); });

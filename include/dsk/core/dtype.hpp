@@ -128,8 +128,9 @@ using numeric::f32_to_e5m2;
 using numeric::f32_to_f16;
 using numeric::ue8m0_to_f32;
 
-// Bulk conversions of n contiguous elements, using the best vector unit this CPU has (results are
-// bit-identical to the scalar rules). fp4x2 arrays hold n/2 bytes; n must be even for them.
+// Bulk conversions of n contiguous elements, using the vector unit of dsk::backend() and, for
+// large n, the compute threads (results are bit-identical to the scalar rules whatever the split).
+// fp4x2 arrays hold n/2 bytes; n must be even for them.
 void convert_f32_to_bf16(const float* src, bf16* dst, size_t n);
 void convert_bf16_to_f32(const bf16* src, float* dst, size_t n);
 void convert_f32_to_f16(const float* src, f16* dst, size_t n);
