@@ -7,18 +7,9 @@
 
 #include <algorithm>
 
-namespace dsk::bench {
+#include <dsk/core/threads.hpp>
 
-std::vector<int> allowed_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cpus;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0)
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  if (cpus.empty()) cpus.push_back(0);
-  return cpus;
-}
+namespace dsk::bench {
 
 PinnedTeam::PinnedTeam(int threads) {
   const std::vector<int> cpus = allowed_cpus();

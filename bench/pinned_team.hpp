@@ -44,7 +44,4 @@ class PinnedTeam {
   std::exception_ptr error_;
 };
 
-// The CPUs this process may run on (sched_getaffinity), in order.
-std::vector<int> allowed_cpus();
-
 }  // namespace dsk::bench

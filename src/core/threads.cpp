@@ -18,17 +18,6 @@ namespace {
 
 thread_local bool t_in_parallel = false;
 
-std::vector<int> allowed_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cpus;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0)
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  if (cpus.empty()) cpus.push_back(0);
-  return cpus;
-}
-
 int default_num_threads() {
   const int64_t n = env::get_int("", "NUM_THREADS", 0);
   if (n > 0) return static_cast<int>(n);
@@ -156,6 +145,17 @@ Pool& pool() {
 }
 
 }  // namespace
+
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  if (cpus.empty()) cpus.push_back(0);
+  return cpus;
+}
 
 int get_num_threads() {
   int n = g_num_threads.load(std::memory_order_relaxed);

@@ -24,19 +24,9 @@ double unit_open_closed(uint32_t bits) {
   return (static_cast<double>(bits) + 1.0) * 0x1.0p-32;
 }
 
+// The dtypes random values can be drawn in (ue8m0 holds scales, not data).
 bool is_float_dtype(DType t) {
-  switch (t) {
-    case DType::f64:
-    case DType::f32:
-    case DType::f16:
-    case DType::bf16:
-    case DType::e4m3:
-    case DType::e5m2:
-    case DType::fp4x2:
-      return true;
-    default:
-      return false;
-  }
+  return is_floating_point(t) && t != DType::ue8m0;
 }
 
 // Stores value v as element i of a contiguous float array of `dtype` (not fp4x2). The wide formats

@@ -48,6 +48,24 @@ constexpr size_t element_size(DType t) {
   }
 }
 
+// Whether the dtype holds floating-point values (f64 ... fp4x2 and ue8m0), as opposed to integers
+// and bool.
+constexpr bool is_floating_point(DType t) {
+  switch (t) {
+    case DType::f64:
+    case DType::f32:
+    case DType::f16:
+    case DType::bf16:
+    case DType::e4m3:
+    case DType::e5m2:
+    case DType::fp4x2:
+    case DType::ue8m0:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Upstream-style names: "float32", "bfloat16", "float8_e4m3fn", ...
 std::string_view dtype_name(DType t);
 std::ostream& operator<<(std::ostream& os, DType t);

@@ -7,8 +7,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace dsk {
+
+// The CPUs this process may run on (sched_getaffinity), in increasing order.
+std::vector<int> allowed_cpus();
 
 // Default: DSK_NUM_THREADS, else the CPUs this process may run on.
 int get_num_threads();

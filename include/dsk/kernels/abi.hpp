@@ -55,3 +55,17 @@
 #else
 #define DSK_TILE_ABI abi_base
 #endif
+
+// NOTES: g++ 12 (before 12.3) reports the _mm512_undefined_*() placeholder inside many AVX-512
+// intrinsics as used uninitialised once the intrinsic is inlined (GCC bug 105593). Headers with
+// AVX-512 code open with DSK_SILENCE_GCC_BUG_105593_BEGIN and close with ..._END; g++ honours that
+// for every function inlined from those headers.
+#if defined(__GNUC__) && !defined(__clang__)
+#define DSK_SILENCE_GCC_BUG_105593_BEGIN                                               \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wuninitialized\"") \
+      _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+#define DSK_SILENCE_GCC_BUG_105593_END _Pragma("GCC diagnostic pop")
+#else
+#define DSK_SILENCE_GCC_BUG_105593_BEGIN
+#define DSK_SILENCE_GCC_BUG_105593_END
+#endif

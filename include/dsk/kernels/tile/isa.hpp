@@ -7,11 +7,6 @@
 
 #include <dsk/kernels/abi.hpp>
 
-// NOTES: g++ 12 (before 12.3) warns that the _mm512_undefined_*() placeholder inside many AVX-512
-// intrinsics is used uninitialised once the intrinsic is inlined (GCC bug 105593). The headers
-// with AVX-512 code silence -Wuninitialized and -Wmaybe-uninitialized around it; g++ honours that
-// for every function inlined from those headers.
-
 namespace dsk::tile {
 
 // The three backends. Their names equal dsk::backend_name() of the matching dsk::Backend.
