@@ -1,0 +1,256 @@
+// dsk::gemm — DeepGEMM on CPU (../shared/spec/gemm.md): FP8/FP4/BF16 dense and grouped GEMMs,
+// scale-factor layouts, reference quantizers and weight pre-packing.
+//
+// Every GEMM computes D = C + A·Bᵀ with FP32 accumulation ("nt": A [M,K], B [N,K]); nn/tn/tt take
+// transposed views and call nt. D is row-major BF16 or FP32; C, when given, has D's dtype and shape
+// (it may be D itself). m = 0 or n = 0 does nothing; k = 0 gives D = C, or 0 without C.
+// Names, argument names, order and defaults follow upstream deep_gemm one to one (DESIGN §3).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include <dsk/core/tensor.hpp>
+#include <dsk/core/threads.hpp>
+
+namespace dsk::gemm {
+
+// (gran_m, gran_n, gran_k): one scale per gran_m x gran_k block of A and gran_n x gran_k of B.
+using Recipe = std::tuple<int, int, int>;
+// (gran_mn, gran_k) of one operand.
+using OperandRecipe = std::tuple<int, int>;
+
+// An FP8 or packed-FP4 operand with its scale factors: upstream's (x, x_sf) pair.
+//   data: e4m3 [.., MN, K], or fp4x2 [.., MN, K/2] (two e2m1 per byte, even index in the low
+//   nibble) sf:   f32 [.., ceil(MN/gran_mn), ceil(K/gran_k)] in any layout
+//   transform_sf_into_required_layout
+//         accepts, or int32 packed UE8M0 (4 per int32, MN-major), or int16 (Ascend: 2 per int16)
+struct Fp8Tensor {
+  Tensor data;
+  Tensor sf;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Pre-packed weights: B [N,K] or [G,N,K] with its scales converted once into the kernels' layout.
+// FP8/FP4 weights stay FP8/FP4 in memory (widened in registers or L1 by the kernels). Every GEMM
+// below that takes B also takes a PackedWeight in its place.
+class PackedWeight {
+ public:
+  struct Impl;
+  PackedWeight() = default;
+  explicit PackedWeight(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return impl_ != nullptr; }
+  int64_t num_groups() const;  // 1 for a 2-D weight
+  int64_t n() const;
+  int64_t k() const;
+  DType dtype() const;    // bf16, e4m3 or fp4x2 (as given)
+  size_t nbytes() const;  // bytes of packed data and scales
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+// b: bf16 [N,K] or [G,N,K] (any strides; [K,N] views from .transpose() work too).
+PackedWeight pack_weight(const Tensor& b);
+// b: e4m3 / fp4x2 data with scales, as fp8_fp4_gemm_nt's b; recipe_b is (gran_n, gran_k) and
+// defaults as in fp8_fp4_gemm_nt.
+PackedWeight pack_weight(const Fp8Tensor& b, std::optional<OperandRecipe> recipe_b = std::nullopt,
+                         bool disable_ue8m0_cast = false);
+
+// ---------------------------------------------------------------------------------------------
+// Dense FP8 / FP4 GEMM. Defaults: recipe (1,128,128) with FP32 scales, (1,1,128) with packed
+// UE8M0 int scales; FP4 operands use UE8M0 scales with gran_k 32.
+void fp8_fp4_gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& d,
+                     const std::optional<Tensor>& c = std::nullopt,
+                     std::optional<Recipe> recipe = std::nullopt,
+                     std::optional<OperandRecipe> recipe_a = std::nullopt,
+                     std::optional<OperandRecipe> recipe_b = std::nullopt,
+                     std::string_view compiled_dims = "nk", bool disable_ue8m0_cast = false);
+void fp8_fp4_gemm_nt(const Fp8Tensor& a, const PackedWeight& b, const Tensor& d,
+                     const std::optional<Tensor>& c = std::nullopt,
+                     std::optional<Recipe> recipe = std::nullopt,
+                     std::optional<OperandRecipe> recipe_a = std::nullopt,
+                     std::string_view compiled_dims = "nk", bool disable_ue8m0_cast = false);
+void fp8_fp4_gemm_nn(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& d,
+                     const std::optional<Tensor>& c = std::nullopt,
+                     std::optional<Recipe> recipe = std::nullopt,
+                     std::optional<OperandRecipe> recipe_a = std::nullopt,
+                     std::optional<OperandRecipe> recipe_b = std::nullopt,
+                     std::string_view compiled_dims = "nk", bool disable_ue8m0_cast = false);
+void fp8_fp4_gemm_tn(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& d,
+                     const std::optional<Tensor>& c = std::nullopt,
+                     std::optional<Recipe> recipe = std::nullopt,
+                     std::optional<OperandRecipe> recipe_a = std::nullopt,
+                     std::optional<OperandRecipe> recipe_b = std::nullopt,
+                     std::string_view compiled_dims = "mn", bool disable_ue8m0_cast = false);
+void fp8_fp4_gemm_tt(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& d,
+                     const std::optional<Tensor>& c = std::nullopt,
+                     std::optional<Recipe> recipe = std::nullopt,
+                     std::optional<OperandRecipe> recipe_a = std::nullopt,
+                     std::optional<OperandRecipe> recipe_b = std::nullopt,
+                     std::string_view compiled_dims = "mn", bool disable_ue8m0_cast = false);
+
+// Upstream's legacy names.
+template <class... Args>
+void fp8_gemm_nt(Args&&... args) {
+  fp8_fp4_gemm_nt(std::forward<Args>(args)...);
+}
+template <class... Args>
+void fp8_gemm_nn(Args&&... args) {
+  fp8_fp4_gemm_nn(std::forward<Args>(args)...);
+}
+template <class... Args>
+void fp8_gemm_tn(Args&&... args) {
+  fp8_fp4_gemm_tn(std::forward<Args>(args)...);
+}
+template <class... Args>
+void fp8_gemm_tt(Args&&... args) {
+  fp8_fp4_gemm_tt(std::forward<Args>(args)...);
+}
+
+// Dense BF16 GEMM.
+void bf16_gemm_nt(const Tensor& a, const Tensor& b, const Tensor& d,
+                  const std::optional<Tensor>& c = std::nullopt,
+                  std::string_view compiled_dims = "nk");
+void bf16_gemm_nt(const Tensor& a, const PackedWeight& b, const Tensor& d,
+                  const std::optional<Tensor>& c = std::nullopt,
+                  std::string_view compiled_dims = "nk");
+void bf16_gemm_nn(const Tensor& a, const Tensor& b, const Tensor& d,
+                  const std::optional<Tensor>& c = std::nullopt,
+                  std::string_view compiled_dims = "nk");
+void bf16_gemm_tn(const Tensor& a, const Tensor& b, const Tensor& d,
+                  const std::optional<Tensor>& c = std::nullopt,
+                  std::string_view compiled_dims = "mn");
+void bf16_gemm_tt(const Tensor& a, const Tensor& b, const Tensor& d,
+                  const std::optional<Tensor>& c = std::nullopt,
+                  std::string_view compiled_dims = "mn");
+
+// ---------------------------------------------------------------------------------------------
+// M-grouped GEMM (MoE experts), contiguous layout: A [M,K], B [G,N,K], D [M,N] bf16.
+//   grouped_layout, non-psum: int32 [M], each row's group id, -1 for a padding row (D rows of -1
+//     are written as zeros when ensure_zero_padding); segments start at multiples of
+//     get_mk_alignment_for_contiguous_layout().
+//   grouped_layout, psum (use_psum_layout): int32 [G], each group's end row; group g starts at
+//     align(end[g-1], mk_alignment).
+void m_grouped_fp8_fp4_gemm_nt_contiguous(
+    const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& d, const Tensor& grouped_layout,
+    std::optional<Recipe> recipe = std::nullopt,
+    std::optional<OperandRecipe> recipe_a = std::nullopt,
+    std::optional<OperandRecipe> recipe_b = std::nullopt, std::string_view compiled_dims = "nk",
+    bool disable_ue8m0_cast = false, bool use_psum_layout = false, bool ensure_zero_padding = true,
+    std::optional<int> expected_m_for_psum_layout = std::nullopt);
+void m_grouped_fp8_fp4_gemm_nt_contiguous(
+    const Fp8Tensor& a, const PackedWeight& b, const Tensor& d, const Tensor& grouped_layout,
+    std::optional<Recipe> recipe = std::nullopt,
+    std::optional<OperandRecipe> recipe_a = std::nullopt, std::string_view compiled_dims = "nk",
+    bool disable_ue8m0_cast = false, bool use_psum_layout = false, bool ensure_zero_padding = true,
+    std::optional<int> expected_m_for_psum_layout = std::nullopt);
+void m_grouped_bf16_gemm_nt_contiguous(
+    const Tensor& a, const Tensor& b, const Tensor& d, const Tensor& grouped_layout,
+    std::string_view compiled_dims = "nk", bool use_psum_layout = false,
+    std::optional<int> expected_m_for_psum_layout = std::nullopt);
+void m_grouped_bf16_gemm_nt_contiguous(
+    const Tensor& a, const PackedWeight& b, const Tensor& d, const Tensor& grouped_layout,
+    std::string_view compiled_dims = "nk", bool use_psum_layout = false,
+    std::optional<int> expected_m_for_psum_layout = std::nullopt);
+template <class... Args>
+void m_grouped_fp8_gemm_nt_contiguous(Args&&... args) {
+  m_grouped_fp8_fp4_gemm_nt_contiguous(std::forward<Args>(args)...);
+}
+
+// M-grouped GEMM, masked layout: A [G,Mmax,K], B [G,N,K], D [G,Mmax,N] bf16; only rows
+// < masked_m[g] (int32 [G]) are computed; expected_m is a scheduling hint.
+void m_grouped_fp8_fp4_gemm_nt_masked(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& d,
+                                      const Tensor& masked_m, int expected_m,
+                                      std::optional<Recipe> recipe = std::nullopt,
+                                      std::optional<OperandRecipe> recipe_a = std::nullopt,
+                                      std::optional<OperandRecipe> recipe_b = std::nullopt,
+                                      std::string_view compiled_dims = "nk",
+                                      bool disable_ue8m0_cast = false);
+void m_grouped_fp8_fp4_gemm_nt_masked(const Fp8Tensor& a, const PackedWeight& b, const Tensor& d,
+                                      const Tensor& masked_m, int expected_m,
+                                      std::optional<Recipe> recipe = std::nullopt,
+                                      std::optional<OperandRecipe> recipe_a = std::nullopt,
+                                      std::string_view compiled_dims = "nk",
+                                      bool disable_ue8m0_cast = false);
+void m_grouped_bf16_gemm_nt_masked(const Tensor& a, const Tensor& b, const Tensor& d,
+                                   const Tensor& masked_m, int expected_m,
+                                   std::string_view compiled_dims = "nk");
+void m_grouped_bf16_gemm_nt_masked(const Tensor& a, const PackedWeight& b, const Tensor& d,
+                                   const Tensor& masked_m, int expected_m,
+                                   std::string_view compiled_dims = "nk");
+template <class... Args>
+void m_grouped_fp8_gemm_nt_masked(Args&&... args) {
+  m_grouped_fp8_fp4_gemm_nt_masked(std::forward<Args>(args)...);
+}
+
+// K-grouped GEMM (weight gradients): A [ΣK, M], B [ΣK, N] (MN-major), D [G,M,N] f32, C required;
+// D[g] = C[g] + A_gᵀ·B_g over group g's rows of K; ks (host) gives each K_g; empty groups allowed.
+void k_grouped_fp8_gemm_tn_contiguous(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& d,
+                                      const std::optional<std::vector<int>>& ks_cpu,
+                                      const Tensor& grouped_layout, const std::optional<Tensor>& c,
+                                      Recipe recipe = {1, 1, 128},
+                                      std::string_view compiled_dims = "mn",
+                                      bool use_psum_layout = false);
+
+// ---------------------------------------------------------------------------------------------
+// Settings. The CPU default alignment is documented in docs/gemm.md with the measurement that
+// chose it; a value set here is honoured by every contiguous-layout user (grouped GEMM, tk's
+// fused mapping, ep's expand mode).
+int get_mk_alignment_for_contiguous_layout();
+void set_mk_alignment_for_contiguous_layout(int alignment);  // a positive multiple of 16
+int get_theoretical_mk_alignment_for_contiguous_layout(
+    std::optional<int> expected_m = std::nullopt);
+inline int get_m_alignment_for_contiguous_layout() {
+  return get_mk_alignment_for_contiguous_layout();
+}
+inline int get_k_alignment_for_contiguous_layout() {
+  return get_mk_alignment_for_contiguous_layout();
+}
+
+// Upstream's set_num_sms / get_num_sms map to the compute thread count.
+inline void set_num_sms(int n) {
+  set_num_threads(n);
+}
+inline int get_num_sms() {
+  return get_num_threads();
+}
+using dsk::get_deterministic_algorithms;
+using dsk::use_deterministic_algorithms;
+
+// ---------------------------------------------------------------------------------------------
+// Scale-factor layouts (upstream csrc/apis/layout.hpp).
+int64_t get_tma_aligned_size(int64_t x, int64_t element_size);  // align(x, 16 / element_size)
+// sf [.., MN, SFK] -> the same values, MN-major with MN padded to get_tma_aligned_size
+Tensor get_mn_major_tma_aligned_tensor(const Tensor& sf);
+// f32 power-of-two sf [.., MN, SFK] -> int32 [.., MN, ceil(SFK/4)], 4 UE8M0 per int32, MN-major
+Tensor get_mn_major_tma_aligned_packed_ue8m0_tensor(const Tensor& sf);
+// Converts sf of an operand with `mn` rows and `k` columns into the layout the kernels read.
+Tensor transform_sf_into_required_layout(const Tensor& sf, int64_t mn, int64_t k,
+                                         std::optional<Recipe> recipe = std::nullopt,
+                                         std::optional<OperandRecipe> recipe_ab = std::nullopt,
+                                         std::optional<int64_t> num_groups = std::nullopt,
+                                         std::optional<bool> is_sfa = std::nullopt,
+                                         bool disable_ue8m0_cast = false);
+
+// ---------------------------------------------------------------------------------------------
+// Reference quantizers, bit-exact to deep_gemm/utils/math.py (rules in dsk/kernels/quant.hpp).
+Fp8Tensor per_token_cast_to_fp8(const Tensor& x, bool use_ue8m0, int gran_k = 128,
+                                bool use_packed_ue8m0 = false);
+Fp8Tensor per_block_cast_to_fp8(const Tensor& x, bool use_ue8m0, int gran_k = 128);
+Fp8Tensor per_channel_cast_to_fp8(const Tensor& x, bool use_ue8m0, int gran_k = 128);
+Fp8Tensor per_token_cast_to_fp4(const Tensor& x, bool use_ue8m0, int gran_k = 128,
+                                bool use_packed_ue8m0 = false);
+Tensor cast_back_from_fp4(const Tensor& packed, const Tensor& sf, int gran_k = 128,
+                          bool use_packed_ue8m0 = false);
+Tensor ceil_to_ue8m0(const Tensor& x);               // f32 -> f32 powers of two
+Tensor pack_ue8m0_to_int(const Tensor& sf);          // f32 [.., 4q] -> int32 [.., q]
+Tensor unpack_ue8m0_from_int(const Tensor& packed);  // int32 [.., q] -> f32 [.., 4q]
+
+}  // namespace dsk::gemm
