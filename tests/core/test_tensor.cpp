@@ -22,6 +22,31 @@ TEST(Tensor, EmptyIsAlignedContiguousAndSized) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(big.data_ptr()) % (2 << 20), 0u);
 }
 
+// Large buffers are reused after they are freed (unless AddressSanitizer turns the cache off), stay
+// 2 MiB aligned, and a live tensor's storage is never handed out twice.
+TEST(Tensor, LargeBuffersAreReusedAndNeverShared) {
+  const Shape shape = {3, 1 << 20};  // 12 MiB of f32
+  release_cached_tensor_memory();
+  void* first = nullptr;
+  {
+    Tensor a = Tensor::empty(shape, DType::f32);
+    first = a.data_ptr();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % (2 << 20), 0u);
+    Tensor live = Tensor::empty(shape, DType::f32);
+    EXPECT_NE(live.data_ptr(), first);
+  }
+  Tensor b = Tensor::empty(shape, DType::f32);
+  Tensor c = Tensor::empty(shape, DType::f32);
+  EXPECT_NE(b.data_ptr(), c.data_ptr());
+#if !defined(__SANITIZE_ADDRESS__)
+  EXPECT_TRUE(b.data_ptr() == first || c.data_ptr() == first);
+#endif
+  b = Tensor();
+  c = Tensor();
+  EXPECT_GE(release_cached_tensor_memory(), 0u);
+  EXPECT_EQ(release_cached_tensor_memory(), 0u);
+}
+
 TEST(Tensor, UndefinedByDefault) {
   Tensor t;
   EXPECT_FALSE(t.defined());

@@ -121,104 +121,102 @@ inline void convert_n_generic(const Src* src, Dst* dst, size_t n) {
 DSK_SILENCE_GCC_BUG_105593_BEGIN  // see dsk/kernels/abi.hpp
 #if DSK_TILE_HAS_AVX512
 
-    // ---- AVX-512 register converters ----
+// ---- AVX-512 register converters ----
 
-    namespace convert_detail {
+namespace convert_detail {
 
-  // The bf16 bits of every e4m3 magnitude (code & 0x7F), split into high and low bytes so that two
-  // VPERMI2B lookups (7-bit index over two registers) convert 64 codes at once.
-  struct E4m3Bf16Bytes {
-    alignas(64) uint8_t hi[128];
-    alignas(64) uint8_t lo[128];
-  };
+// The bf16 bits of every e4m3 magnitude (code & 0x7F), split into high and low bytes so that two
+// VPERMI2B lookups (7-bit index over two registers) convert 64 codes at once.
+struct E4m3Bf16Bytes {
+  alignas(64) uint8_t hi[128];
+  alignas(64) uint8_t lo[128];
+};
 
-  constexpr E4m3Bf16Bytes make_e4m3_bf16_bytes() {
-    E4m3Bf16Bytes t{};
-    for (int m = 0; m < 128; ++m) {
-      const uint16_t b = scalar(e4m3{static_cast<uint8_t>(m)}, Tag<bf16>{}).bits;
-      t.hi[m] = static_cast<uint8_t>(b >> 8);
-      t.lo[m] = static_cast<uint8_t>(b & 0xFF);
+constexpr E4m3Bf16Bytes make_e4m3_bf16_bytes() {
+  E4m3Bf16Bytes t{};
+  for (int m = 0; m < 128; ++m) {
+    const uint16_t b = scalar(e4m3{static_cast<uint8_t>(m)}, Tag<bf16>{}).bits;
+    t.hi[m] = static_cast<uint8_t>(b >> 8);
+    t.lo[m] = static_cast<uint8_t>(b & 0xFF);
+  }
+  return t;
+}
+
+inline constexpr E4m3Bf16Bytes kE4m3Bf16Bytes = make_e4m3_bf16_bytes();
+
+// VPUNPCK{L,H}BW interleave within 128-bit lanes. Feeding them codes in this order makes the low
+// unpack produce values 0..31 and the high unpack values 32..63, in order: byte 16k+j of lane k
+// holds value 8k+j (j < 8) and byte 16k+8+j holds value 32+8k+j.
+struct UnpackOrder {
+  alignas(64) uint8_t index[64];
+};
+
+constexpr UnpackOrder make_unpack_order() {
+  UnpackOrder o{};
+  for (int k = 0; k < 4; ++k) {
+    for (int j = 0; j < 8; ++j) {
+      o.index[16 * k + j] = static_cast<uint8_t>(8 * k + j);
+      o.index[16 * k + 8 + j] = static_cast<uint8_t>(32 + 8 * k + j);
     }
-    return t;
   }
+  return o;
+}
 
-  inline constexpr E4m3Bf16Bytes kE4m3Bf16Bytes = make_e4m3_bf16_bytes();
+inline constexpr UnpackOrder kUnpackOrder = make_unpack_order();
 
-  // VPUNPCK{L,H}BW interleave within 128-bit lanes. Feeding them codes in this order makes the low
-  // unpack produce values 0..31 and the high unpack values 32..63, in order: byte 16k+j of lane k
-  // holds value 8k+j (j < 8) and byte 16k+8+j holds value 32+8k+j.
-  struct UnpackOrder {
-    alignas(64) uint8_t index[64];
-  };
+// The 16 e2m1 values as f32, and as bf16 repeated twice (VPERMW reads 5 index bits).
+struct E2m1Tables {
+  alignas(64) float f32[16];
+  alignas(64) uint16_t bf16[32];
+};
 
-  constexpr UnpackOrder make_unpack_order() {
-    UnpackOrder o{};
-    for (int k = 0; k < 4; ++k) {
-      for (int j = 0; j < 8; ++j) {
-        o.index[16 * k + j] = static_cast<uint8_t>(8 * k + j);
-        o.index[16 * k + 8 + j] = static_cast<uint8_t>(32 + 8 * k + j);
-      }
-    }
-    return o;
+constexpr E2m1Tables make_e2m1_tables() {
+  E2m1Tables t{};
+  for (int c = 0; c < 32; ++c) {
+    if (c < 16) t.f32[c] = e2m1_scalar<float>(static_cast<uint8_t>(c));
+    t.bf16[c] = e2m1_scalar<bf16>(static_cast<uint8_t>(c & 0xF)).bits;
   }
+  return t;
+}
 
-  inline constexpr UnpackOrder kUnpackOrder = make_unpack_order();
+inline constexpr E2m1Tables kE2m1Tables = make_e2m1_tables();
 
-  // The 16 e2m1 values as f32, and as bf16 repeated twice (VPERMW reads 5 index bits).
-  struct E2m1Tables {
-    alignas(64) float f32[16];
-    alignas(64) uint16_t bf16[32];
-  };
+inline __m512i set1_u32(uint32_t v) {
+  return _mm512_set1_epi32(static_cast<int>(v));
+}
 
-  constexpr E2m1Tables make_e2m1_tables() {
-    E2m1Tables t{};
-    for (int c = 0; c < 32; ++c) {
-      if (c < 16) t.f32[c] = e2m1_scalar<float>(static_cast<uint8_t>(c));
-      t.bf16[c] = e2m1_scalar<bf16>(static_cast<uint8_t>(c & 0xF)).bits;
-    }
-    return t;
-  }
+// Magnitude code of a small binary float format (kMan mantissa bits, smallest normal exponent
+// kEmin) for every lane of |x| (given as f32 bits), before saturation and NaN handling.
+//   normal range: round away the low 23-kMan bits of the f32 bits (integer RNE) and rebias;
+//   below 2^kEmin the quantum is fixed at 2^(kEmin-kMan): adding 2^(kEmin-kMan+23) makes the
+//   adder round |x| to that quantum (RNE by embedded rounding, whatever MXCSR says). An f32
+//   subnormal rounds to code 0 whether or not DAZ treats it as zero.
+template <int kMan, int kEmin>
+inline __m512i f32x16_to_small_float(__m512i abs_bits) {
+  constexpr int kShift = 23 - kMan;
+  constexpr uint32_t kRebias = static_cast<uint32_t>(127 - 1 + kEmin) << 23;  // f32 exp -> fmt exp
+  constexpr uint32_t kMinNormal = static_cast<uint32_t>(127 + kEmin) << 23;
+  constexpr uint32_t kMagic = static_cast<uint32_t>(127 + kEmin - kMan + 23) << 23;
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(abs_bits, kShift), set1_u32(1));
+  const __m512i bias = _mm512_add_epi32(lsb, set1_u32((1u << (kShift - 1)) - 1u - kRebias));
+  const __m512i normal = _mm512_srli_epi32(_mm512_add_epi32(abs_bits, bias), kShift);
+  const __m512 shifted =
+      _mm512_add_round_ps(_mm512_castsi512_ps(abs_bits), _mm512_castsi512_ps(set1_u32(kMagic)),
+                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __mmask16 small = _mm512_cmplt_epu32_mask(abs_bits, set1_u32(kMinNormal));
+  return _mm512_mask_sub_epi32(normal, small, _mm512_castps_si512(shifted), set1_u32(kMagic));
+}
 
-  inline constexpr E2m1Tables kE2m1Tables = make_e2m1_tables();
-
-  inline __m512i set1_u32(uint32_t v) {
-    return _mm512_set1_epi32(static_cast<int>(v));
-  }
-
-  // Magnitude code of a small binary float format (kMan mantissa bits, smallest normal exponent
-  // kEmin) for every lane of |x| (given as f32 bits), before saturation and NaN handling.
-  //   normal range: round away the low 23-kMan bits of the f32 bits (integer RNE) and rebias;
-  //   below 2^kEmin the quantum is fixed at 2^(kEmin-kMan): adding 2^(kEmin-kMan+23) makes the
-  //   adder round |x| to that quantum (RNE by embedded rounding, whatever MXCSR says). An f32
-  //   subnormal rounds to code 0 whether or not DAZ treats it as zero.
-  template <int kMan, int kEmin>
-  inline __m512i f32x16_to_small_float(__m512i abs_bits) {
-    constexpr int kShift = 23 - kMan;
-    constexpr uint32_t kRebias = static_cast<uint32_t>(127 - 1 + kEmin)
-                                 << 23;  // f32 exp -> fmt exp
-    constexpr uint32_t kMinNormal = static_cast<uint32_t>(127 + kEmin) << 23;
-    constexpr uint32_t kMagic = static_cast<uint32_t>(127 + kEmin - kMan + 23) << 23;
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(abs_bits, kShift), set1_u32(1));
-    const __m512i bias = _mm512_add_epi32(lsb, set1_u32((1u << (kShift - 1)) - 1u - kRebias));
-    const __m512i normal = _mm512_srli_epi32(_mm512_add_epi32(abs_bits, bias), kShift);
-    const __m512 shifted =
-        _mm512_add_round_ps(_mm512_castsi512_ps(abs_bits), _mm512_castsi512_ps(set1_u32(kMagic)),
-                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __mmask16 small = _mm512_cmplt_epu32_mask(abs_bits, set1_u32(kMinNormal));
-    return _mm512_mask_sub_epi32(normal, small, _mm512_castps_si512(shifted), set1_u32(kMagic));
-  }
-
-  // Finishes f32x16_to_e4m3 / _e5m2: clamp the magnitude to `max_code` (448 or inf), NaN lanes get
-  // 0x7F, the sign goes to bit 7, and each lane is narrowed to a byte.
-  inline __m128i finish_small_float(__m512i code, __m512i bits, __m512i abs_bits,
-                                    uint32_t max_code) {
-    code = _mm512_min_epu32(code, set1_u32(max_code));
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs_bits, set1_u32(0x7F800000u));
-    code = _mm512_mask_mov_epi32(code, nan, set1_u32(0x7F));
-    // code | ((bits >> 24) & 0x80)
-    code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(bits, 24), set1_u32(0x80), 0xF8);
-    return _mm512_cvtepi32_epi8(code);
-  }
+// Finishes f32x16_to_e4m3 / _e5m2: clamp the magnitude to `max_code` (448 or inf), NaN lanes get
+// 0x7F, the sign goes to bit 7, and each lane is narrowed to a byte.
+inline __m128i finish_small_float(__m512i code, __m512i bits, __m512i abs_bits, uint32_t max_code) {
+  code = _mm512_min_epu32(code, set1_u32(max_code));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs_bits, set1_u32(0x7F800000u));
+  code = _mm512_mask_mov_epi32(code, nan, set1_u32(0x7F));
+  // code | ((bits >> 24) & 0x80)
+  code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(bits, 24), set1_u32(0x80), 0xF8);
+  return _mm512_cvtepi32_epi8(code);
+}
 
 }  // namespace convert_detail
 
