@@ -30,6 +30,7 @@ inline constexpr RoofTerm kRoofTerms[] = {
     {"amx_bf16", "amx_bf16_tflops", "AMX BF16", false},
     {"amx_int8", "amx_int8_tops", "AMX INT8", false},
     {"fp32", "fp32_tflops", "AVX-512 FP32 FMA", false},
+    {"avx512_bf16", "avx512_bf16_tflops", "AVX-512 BF16", false},
     {"l2_read", "l2_read_gbs", "L2 read", true},
     {"dram_read", "dram_read_gbs", "DRAM read", true},
 };

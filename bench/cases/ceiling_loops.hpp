@@ -15,6 +15,13 @@ inline constexpr double kFp32FlopPerIteration = kFp32FmaAccumulators * 16 * 2;
 // Returns one accumulator lane so the work is observable.
 float fp32_fma_peak_avx512(int64_t iterations);
 
+// AVX512-BF16 peak: `iterations` (>= 1) rounds of kBf16DotAccumulators independent
+// vdpbf16ps zmm (16 lanes x 2 products x 2 flop each), operands and accumulators in registers:
+// the bf16 roof of CPUs without AMX, which the GEMM kernels are measured against there.
+inline constexpr int kBf16DotAccumulators = 24;
+inline constexpr double kBf16DotFlopPerIteration = kBf16DotAccumulators * 16 * 2 * 2;
+float bf16_dot_peak_avx512(int64_t iterations);
+
 // AMX peaks: `iterations` (>= 1) rounds of 4 tile dot products in a 2x2 pattern,
 // tmm0..3 += tmm4/5 . tmm6/7, every tile 16 rows x 64 bytes, no memory traffic in the loop.
 // Each configures the tiles of the calling thread and releases them before returning.

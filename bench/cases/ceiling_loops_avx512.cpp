@@ -3,9 +3,9 @@
 // NOTES: the FMA loop is inline assembly because an intrinsics version is free to spill its
 // accumulators (spec/cpu.md §8 measured 82 vs 218 GFLOPS for exactly that). Checked with
 // `objdump -d --no-show-raw-insn` on g++ 12 and clang++ 14 -O3 builds: the FMA loop body is 24
-// vfmadd231ps on zmm0..23 plus dec/jnz, and the read loop keeps its 8 accumulators in zmm
-// registers (8 vpaddq with memory operands, no stack access in the loop).
-// Nothing here may instantiate a template or inline function shared with baseline code: the
+// vfmadd231ps on zmm0..23 plus dec/jnz (the BF16 loop the same with vdpbf16ps), and the read loop
+// keeps its 8 accumulators in zmm registers (8 vpaddq with memory operands, no stack access in the
+// loop). Nothing here may instantiate a template or inline function shared with baseline code: the
 // linker could keep this TU's AVX-512 copy for the whole program.
 #include <immintrin.h>
 
@@ -41,6 +41,29 @@ float fp32_fma_peak_avx512(int64_t iterations) {
   return lane[0];
 }
 
+#define DSK_DOT(i) "vdpbf16ps %%zmm31, %%zmm30, %%zmm" #i "\n\t"
+
+float bf16_dot_peak_avx512(int64_t iterations) {
+  static_assert(kBf16DotAccumulators == 24, "the assembly below names 24 accumulators");
+  // acc += 1 * 2^-20 + 1 * 2^-20 (bf16 pairs) stays finite and normal for any iteration count.
+  const uint32_t ones = 0x3F803F80u, step = 0x35803580u;
+  alignas(64) float lane[16];
+  asm volatile(
+      "vpbroadcastd %[ones], %%zmm30\n\t"
+      "vpbroadcastd %[step], %%zmm31\n\t" DSK_ALL24(DSK_ZERO)
+      "1:\n\t" DSK_ALL24(DSK_DOT)
+      "dec %[n]\n\t"
+      "jnz 1b\n\t"
+      "vmovaps %%zmm0, %[lane]\n\t"
+      : [n] "+r"(iterations), [lane] "=m"(lane)
+      : [ones] "m"(ones), [step] "m"(step)
+      : "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+        "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19",
+        "xmm20", "xmm21", "xmm22", "xmm23", "xmm30", "xmm31");
+  return lane[0];
+}
+
+#undef DSK_DOT
 #undef DSK_ALL24
 #undef DSK_EIGHT
 #undef DSK_ZERO

@@ -1,6 +1,6 @@
 // The "ceilings" module: this machine's roofline, measured in-process (DESIGN §7). Per core
 // (1 pinned thread) and in total (every thread, each pinned to its own CPU): AMX BF16 and INT8
-// peaks, the AVX-512 FP32 FMA peak, L2-resident and DRAM read bandwidth.
+// peaks, the AVX-512 FP32 FMA and BF16 dot-product peaks, L2-resident and DRAM read bandwidth.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -54,6 +54,10 @@ std::string no_amx(bool int8) {
 
 std::string no_avx512() {
   return cpu_features().avx512f ? "" : "no AVX-512";
+}
+
+std::string no_avx512_bf16() {
+  return cpu_features().avx512f && cpu_features().avx512_bf16 ? "" : "no AVX512-BF16";
 }
 
 using ReadFn = uint64_t (*)(const void*, size_t);
@@ -121,6 +125,11 @@ struct ComputePeak {
 
 void fp32_loop(int64_t iterations) {
   const float lane = fp32_fma_peak_avx512(iterations);
+  g_sink.fetch_add(static_cast<uint64_t>(lane), std::memory_order_relaxed);
+}
+
+void bf16_dot_loop(int64_t iterations) {
+  const float lane = bf16_dot_peak_avx512(iterations);
   g_sink.fetch_add(static_cast<uint64_t>(lane), std::memory_order_relaxed);
 }
 
@@ -196,6 +205,8 @@ void register_ceilings_cases(Registry& r) {
       {"amx_int8_peak", "amx_int8", "tdpbssd 2x2 tiles in registers", kAmxInt8OpPerIteration,
        amx_int8_peak, [] { return no_amx(true); }},
       {"fp32_fma_peak", "fp32", "24 zmm accumulators", kFp32FlopPerIteration, fp32_loop, no_avx512},
+      {"avx512_bf16_peak", "avx512_bf16", "vdpbf16ps, 24 zmm accumulators",
+       kBf16DotFlopPerIteration, bf16_dot_loop, no_avx512_bf16},
   };
   for (const ComputePeak& peak : peaks) {
     for_each_scope([&](int threads, bool per_core) {

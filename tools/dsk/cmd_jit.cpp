@@ -14,6 +14,7 @@
 #include <dsk/core/timer.hpp>
 #include <dsk/jit.hpp>
 
+#include "bench/cases/gemm_tuning.hpp"
 #include "commands.hpp"
 
 namespace dsk::cli {
@@ -126,6 +127,30 @@ void warmup(const std::string& module) {
     fmt::print(stderr, "warning: the new process did not load from the disk cache ({})\n", report);
 }
 
+// `warmup --autotune`: every GEMM shape of `dsk bench gemm` once with DSK_AUTOTUNE=1, which times
+// the candidate configs of each shape not tuned yet and caches the fastest next to the kernels.
+void autotune_gemm(bool quick) {
+  setenv("DSK_GEMM_AUTOTUNE", "1", 1);
+  setenv("DSK_GEMM_PRINT_CONFIGS", "1", 1);  // the engine prints each shape's choice once
+  Timer total;
+  Timer shape;
+  std::string current;
+  const auto report = [&] {
+    if (!current.empty()) fmt::print("  {:<56} {}\n", current, human_seconds(shape.seconds()));
+  };
+  fmt::print("autotuning the GEMM benchmark shapes (choices go to {}/autotune/gemm.json):\n",
+             jit::writable_cache_root("GEMM").string());
+  std::fflush(stdout);
+  bench::warm_up_gemm_shapes(quick, [&](const std::string& what) {
+    report();
+    std::fflush(stdout);
+    current = what;
+    shape = Timer();
+  });
+  report();
+  fmt::print("autotuned in {}\n", human_seconds(total.seconds()));
+}
+
 // The hidden half of warmup, run in the new process.
 void load_for_warmup(const std::string& root, const std::string& module) {
   const std::string variable =
@@ -159,7 +184,15 @@ void add_jit_command(CLI::App& app) {
   CLI::App* warm = jit->add_subcommand(
       "warmup", "compile a representative kernel cold, then time a warm load in a new process");
   add_module_option(warm);
-  warm->callback([module] { warmup(*module); });
+  auto autotune = std::make_shared<bool>(false);
+  auto quick = std::make_shared<bool>(false);
+  warm->add_flag("--autotune", *autotune,
+                 "then tune (DSK_AUTOTUNE=1) and compile every GEMM shape of `dsk bench gemm`");
+  warm->add_flag("--quick", *quick, "with --autotune: only the shapes of `dsk bench gemm --quick`");
+  warm->callback([module, autotune, quick] {
+    warmup(*module);
+    if (*autotune) autotune_gemm(*quick);
+  });
 
   CLI::App* load = jit->add_subcommand("__load", "");
   load->group("");  // hidden: the new process of `warmup`

@@ -1,0 +1,202 @@
+// The GEMM kernels' contract with their host (src/gemm/engine*.cpp): the compile-time knobs
+// (GemmConfig), the run-time arguments (GemmArgs: segments, work items, the packed weight layout),
+// the per-thread scratch they need, how scales are applied, and the epilogue that writes D.
+//
+// A call computes, for each work item in [item_begin, item_end), the rows [m0, m1) and panels
+// [p0, p1) of one segment's D = (accumulate ? D : 0) + A . B^T. Items never share a D element and
+// every element is summed in one fixed order (K ascending; partial sums restarted only at the
+// fixed promotion boundaries), so the result does not depend on how the host blocks and threads
+// the work, nor on the knobs below. Callers guarantee valid input (DESIGN §2).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include <dsk/kernels/gemm/layout.hpp>
+#include <dsk/kernels/gemm/widen.hpp>
+#include <dsk/kernels/tile/convert.hpp>
+#include <dsk/kernels/tile/epilogue.hpp>
+
+namespace dsk::kernels::gemm {
+
+// Which kernel family runs the items: large M (B panels widened once per block into L1 and
+// reused by every row tile) or small M (weights streamed from memory once, widened in registers).
+enum class Path : uint8_t { large_m, small_m };
+
+// Compile-time knobs. Zero / `any` means "read it from GemmArgs" (the runtime-shape variant that
+// libdsk carries as the JIT's fallback).
+struct GemmConfig {
+  Path path = Path::large_m;
+  Elem a_type = Elem::any;
+  Elem b_type = Elem::any;
+  OutType d_type = OutType::any;
+  int n = 0;        // columns of B (GemmArgs::b.n)
+  int k = 0;        // K (GemmArgs::b.k)
+  int block_k = 0;  // K values per pass (GemmArgs::block_k)
+};
+
+// One product: A [m, k] (rows of the segment), the packed B, D [m, n] row-major.
+struct GemmSegment {
+  OperandA a;
+  bool fold_a = false;  // A's scales are powers of two within kMaxFoldExponent: fold them
+  const std::byte* b = nullptr;
+  void* d = nullptr;
+  int64_t ldd = 0;
+  int64_t m = 0;
+};
+
+struct GemmItem {
+  int32_t segment = 0;
+  int32_t m0 = 0, m1 = 0;  // rows of the segment
+  int32_t p0 = 0, p1 = 0;  // panels of B (columns [64 p0, min(64 p1, n)))
+};
+
+struct GemmArgs {
+  const GemmSegment* segments = nullptr;
+  const GemmItem* items = nullptr;
+  int64_t item_begin = 0, item_end = 0;
+  PackedLayout b;  // every segment's B has this layout
+  Elem a_type = Elem::bf16;
+  OutType d_type = OutType::f32;
+  bool accumulate = false;
+  int block_k = 256;  // a multiple of kPanelKAlign and of the scales' K granularity
+  // scratch_plan(...).bytes bytes for the largest item, 64-byte aligned, private to the thread.
+  std::byte* scratch = nullptr;
+};
+
+// ---- scratch ----
+inline constexpr int kTileRows = 32;  // row padding of scratch blocks (two AMX tile heights)
+
+struct ScratchPlan {
+  int64_t c = 0, a = 0, b = 0, row = 0, tile = 0;  // byte offsets
+  int64_t bytes = 0;
+  int64_t a_cols = 0;  // bf16 per row of the A block
+};
+
+// The problem as one call sees it: GemmArgs with the config's compile-time values filled in.
+struct Problem {
+  PackedLayout b;
+  Elem a_type = Elem::bf16;
+  OutType d_type = OutType::f32;
+  bool accumulate = false;
+  int64_t block_k = 256;
+};
+
+// How one segment applies its scales: each operand's are folded into its widening when they
+// allow it, the others multiply the partial sums of every `gran` values of K (promotion).
+struct ScaleModes {
+  bool fold_a = false, fold_b = false;
+  bool promote_a = false, promote_b = false;
+  int64_t gran = 0;  // promotion granularity (K values); 0 without promotion
+};
+
+// The functions live in the per-ISA ABI namespace (dsk/kernels/abi.hpp), the types above do not.
+inline namespace DSK_TILE_ABI {
+
+// Scratch for items of up to `rows` rows and `panels` panels, passes of block_k values of K (the
+// small-M kernels keep all of A's K: a_cols = k_pad).
+constexpr ScratchPlan scratch_plan(Path path, int64_t rows, int64_t panels, int64_t block_k,
+                                   int64_t k_pad) {
+  const int64_t rows_pad = round_up(rows, kTileRows);
+  const int64_t kc_pad = round_up(block_k < k_pad ? block_k : k_pad, kPanelKAlign);
+  ScratchPlan s;
+  // NOTES: the small-M kernels broadcast from up to 16 rows of A at once; rows 4 KiB apart (K a
+  // multiple of 2048) all map to the same L1 set and thrash it (12 ways). A copy with rows one
+  // cache line longer spreads them over the sets.
+  s.a_cols = path == Path::small_m ? k_pad + kLayoutAlign / 2 : kc_pad;
+  int64_t at = 0;
+  const auto take = [&at](int64_t bytes) {
+    const int64_t offset = at;
+    at += round_up(bytes, kLayoutAlign);
+    return offset;
+  };
+  s.c = take(rows_pad * panels * kPanelCols * 4);
+  s.a = take(rows_pad * s.a_cols * 2);
+  s.b = take(kc_pad / 2 * kPanelRowBf16 * 2);
+  s.row = take(panels * kPanelCols * 4);
+  s.tile = take(kTileRows * kTileRows * 4);
+  s.bytes = at;
+  return s;
+}
+
+template <GemmConfig kConfig>
+Problem resolve_problem(const GemmArgs& args) {
+  Problem p;
+  const Elem b_type = kConfig.b_type != Elem::any ? kConfig.b_type : args.b.type;
+  const int64_t n = kConfig.n != 0 ? kConfig.n : args.b.n;
+  const int64_t k = kConfig.k != 0 ? kConfig.k : args.b.k;
+  p.b = make_layout(b_type, n, k, args.b.scale_gran_k);
+  p.b.fold_scales = args.b.fold_scales;
+  p.a_type = kConfig.a_type != Elem::any ? kConfig.a_type : args.a_type;
+  p.d_type = kConfig.d_type != OutType::any ? kConfig.d_type : args.d_type;
+  p.accumulate = args.accumulate;
+  p.block_k = kConfig.block_k != 0 ? kConfig.block_k : args.block_k;
+  return p;
+}
+
+inline ScaleModes scale_modes(const Problem& p, const GemmSegment& s) {
+  ScaleModes m;
+  const bool has_a = s.a.sf != nullptr, has_b = p.b.scale_gran_k > 0;
+  m.fold_a = has_a && s.fold_a;
+  m.fold_b = has_b && p.b.fold_scales;
+  m.promote_a = has_a && !m.fold_a;
+  m.promote_b = has_b && !m.fold_b;
+  if (m.promote_a) m.gran = s.a.sf_gran_k;
+  if (m.promote_b && (m.gran == 0 || p.b.scale_gran_k < m.gran)) m.gran = p.b.scale_gran_k;
+  return m;
+}
+
+// Row scales of a promotion chunk starting at K value g0: A's, or 1 when A is not promoted.
+inline void promotion_row_scales(const ScaleModes& m, const GemmSegment& s, int64_t row0, int rows,
+                                 int64_t g0, float* out) {
+  for (int i = 0; i < rows; ++i)
+    out[i] =
+        m.promote_a ? s.a.sf[((row0 + i) / s.a.sf_gran_m) * s.a.sf_ld + g0 / s.a.sf_gran_k] : 1.0f;
+}
+
+// Column scales of a promotion chunk: the panel's B scales, or ones.
+inline const float* promotion_col_scales(const ScaleModes& m, const Problem& p,
+                                         const GemmSegment& s, int64_t panel, int64_t g0) {
+  alignas(64) static constexpr float kOnes[kPanelCols] = {
+      1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+      1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+      1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  return m.promote_b ? panel_scales(s.b, p.b, panel, g0 / p.b.scale_gran_k) : kOnes;
+}
+
+// Whether A rows can be read in place for a pass of `kc` values of K: bf16, unit stride along K,
+// and whole pairs (an odd pass would read one element past the row).
+inline bool a_in_place(const Problem& p, const GemmSegment& s, int64_t kc) {
+  return p.a_type == Elem::bf16 && s.a.stride_k == 1 && kc % 2 == 0;
+}
+
+// ---- epilogue ----
+
+// D rows [row0, row0 + rows), columns [col0, col0 + cols) = (accumulate ? D : 0) + c (f32, row
+// stride ldc), rounded once to D's type. `row` holds cols f32 of scratch.
+template <tile::Isa I>
+void store_output(const Problem& p, const GemmSegment& s, int64_t row0, int rows, int64_t col0,
+                  int cols, const float* c, int64_t ldc, float* row) {
+  for (int i = 0; i < rows; ++i) {
+    const float* src = c + i * ldc;
+    if (p.d_type == OutType::f32) {
+      float* d = static_cast<float*>(s.d) + (row0 + i) * s.ldd + col0;
+      if (p.accumulate)
+        tile::accumulate<I>(d, 0, src, 0, 1, cols);
+      else
+        std::memcpy(d, src, static_cast<size_t>(cols) * sizeof(float));
+    } else {
+      bf16* d = static_cast<bf16*>(s.d) + (row0 + i) * s.ldd + col0;
+      if (p.accumulate) {
+        tile::convert_n<I>(d, row, static_cast<size_t>(cols));
+        tile::accumulate<I>(row, 0, src, 0, 1, cols);
+        src = row;
+      }
+      tile::convert_n<I>(src, d, static_cast<size_t>(cols));
+    }
+  }
+}
+
+}  // namespace DSK_TILE_ABI
+}  // namespace dsk::kernels::gemm

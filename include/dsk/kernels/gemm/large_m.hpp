@@ -1,0 +1,258 @@
+// The large-M GEMM kernel: one work item is a block of rows x panels of one segment. For each pass
+// of block_k values of K, the A block is read in place (bf16) or widened once into scratch, and
+// each panel's K rows are read in place (bf16) or widened once into an L1 buffer, then reused by
+// every row tile of the block. Partial sums live in an f32 block in scratch (L2) between passes.
+//
+//   avx512 / generic: 6 x 64 row tiles of DotTile accumulators (24 zmm, VDPBF16PS)
+//   amx:              32 x 32 row tiles of four 16 x 16 tmm accumulators (TDPBF16PS); the same
+//                     code on an avx512 / generic TileUnit (AMX emulated bit for bit) is how
+//                     machines without AMX test it (gemm_tile_path in gemm.hpp)
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include <dsk/kernels/gemm/args.hpp>
+#include <dsk/kernels/gemm/widen.hpp>
+#include <dsk/kernels/tile/dot.hpp>
+#include <dsk/kernels/tile/unit.hpp>
+
+namespace dsk::kernels::gemm {
+inline namespace DSK_TILE_ABI {
+
+// Rows of a DotTile row tile: 24 accumulators + 4 B vectors + 1 A broadcast of 32 zmm.
+inline constexpr int kDotTileRows = 6;
+
+// What one pass over a block reads: the A rows (bf16, row stride lda elements) and the B rows of
+// one panel (bf16 pairs, kPanelRowBf16 elements per row), both starting at the pass's first K.
+struct PassOperands {
+  const bf16* a = nullptr;
+  int64_t lda = 0;
+  const bf16* b = nullptr;
+};
+
+namespace large_m_detail {
+
+// c (R x 64, row stride ldc) = (first ? 0 : c) + the pass's `steps` pairs of K.
+template <tile::Isa I, int R>
+void dot_pass(const bf16* a, int64_t lda, const bf16* b, int64_t steps, float* c, int64_t ldc,
+              bool first) {
+  tile::DotTile<I, R, 4> t;
+  if (first)
+    tile::dot_zero(t);
+  else
+    tile::dot_load(t, c, ldc);
+  tile::dot_steps(t, a, lda, b, kPanelRowBf16, steps);
+  tile::dot_store(t, c, ldc);
+}
+
+// c += the `steps` pairs of K summed from zero, times row_scale[r] * col_scale[j].
+template <tile::Isa I, int R>
+void dot_promote_pass(const bf16* a, int64_t lda, const bf16* b, int64_t steps, float* c,
+                      int64_t ldc, const float* row_scale, const float* col_scale) {
+  tile::DotTile<I, R, 4> t;
+  tile::dot_zero(t);
+  tile::dot_steps(t, a, lda, b, kPanelRowBf16, steps);
+  tile::dot_promote(t, c, ldc, row_scale, col_scale);
+}
+
+// One row tile of `rows` (1..6) rows over the pass [k0, k0 + kc).
+template <tile::Isa I>
+void dot_row_tile(const Problem& p, const GemmSegment& s, const ScaleModes& modes,
+                  const PassOperands& op, int64_t row0, int rows, int64_t panel, int64_t k0,
+                  int64_t kc, float* c, int64_t ldc) {
+  using Pass = void (*)(const bf16*, int64_t, const bf16*, int64_t, float*, int64_t, bool);
+  using PromotePass = void (*)(const bf16*, int64_t, const bf16*, int64_t, float*, int64_t,
+                               const float*, const float*);
+  static constexpr Pass kPass[] = {dot_pass<I, 1>, dot_pass<I, 2>, dot_pass<I, 3>,
+                                   dot_pass<I, 4>, dot_pass<I, 5>, dot_pass<I, 6>};
+  static constexpr PromotePass kPromote[] = {dot_promote_pass<I, 1>, dot_promote_pass<I, 2>,
+                                             dot_promote_pass<I, 3>, dot_promote_pass<I, 4>,
+                                             dot_promote_pass<I, 5>, dot_promote_pass<I, 6>};
+  if (modes.gran == 0) {
+    kPass[rows - 1](op.a, op.lda, op.b, (kc + 1) / 2, c, ldc, k0 == 0);
+    return;
+  }
+  for (int64_t g = 0; g < kc; g += modes.gran) {
+    float row_scale[kDotTileRows];
+    promotion_row_scales(modes, s, row0, rows, k0 + g, row_scale);
+    const float* col_scale = promotion_col_scales(modes, p, s, panel, k0 + g);
+    const int64_t steps = (std::min(modes.gran, kc - g) + 1) / 2;
+    kPromote[rows - 1](op.a + g, op.lda, op.b + g / 2 * kPanelRowBf16, steps, c, ldc, row_scale,
+                       col_scale);
+  }
+}
+
+// One 32 x 32 tile block (rows padded with zero rows of A) over the pass: four 16 x 16 tile
+// accumulators, two A tiles, two B tiles of 16 columns each, on the TileUnit of ISA T (amx; the
+// avx512 and generic units emulate AMX bit for bit, which lets the tests run this path anywhere).
+template <tile::Isa T>
+struct TileRegs {
+  using C00 = tile::TileC<0, bf16, 16, 16>;
+  using C01 = tile::TileC<1, bf16, 16, 16>;
+  using C10 = tile::TileC<2, bf16, 16, 16>;
+  using C11 = tile::TileC<3, bf16, 16, 16>;
+  using A0 = tile::TileA<4, bf16, 16, 32>;
+  using A1 = tile::TileA<5, bf16, 16, 32>;
+  using B0 = tile::TileB<6, bf16, 32, 16>;
+  using B1 = tile::TileB<7, bf16, 32, 16>;
+  using Unit = tile::TileUnit<T, C00, C01, C10, C11, A0, A1, B0, B1>;
+};
+
+// c (32 x 32 block of a row-major f32 buffer, ldc elements) (+)= a (32 rows, lda) . b over
+// kc_pad values (a multiple of 32).
+template <tile::Isa T>
+void tile_block(typename TileRegs<T>::Unit& u, const bf16* a, int64_t lda, const bf16* b,
+                int64_t kc_pad, float* c, int64_t ldc, bool load_c) {
+  using R = TileRegs<T>;
+  const int64_t a_stride = lda * 2, b_stride = kPanelRowBf16 * 2, c_stride = ldc * 4;
+  if (load_c) {
+    u.load(typename R::C00{}, c, c_stride);
+    u.load(typename R::C01{}, c + 16, c_stride);
+    u.load(typename R::C10{}, c + 16 * ldc, c_stride);
+    u.load(typename R::C11{}, c + 16 * ldc + 16, c_stride);
+  } else {
+    u.zero(typename R::C00{});
+    u.zero(typename R::C01{});
+    u.zero(typename R::C10{});
+    u.zero(typename R::C11{});
+  }
+  for (int64_t kk = 0; kk < kc_pad; kk += 32) {
+    const bf16* b_rows = b + kk / 2 * kPanelRowBf16;
+    u.load(typename R::A0{}, a + kk, a_stride);
+    u.load(typename R::A1{}, a + 16 * lda + kk, a_stride);
+    u.load(typename R::B0{}, b_rows, b_stride);
+    u.load(typename R::B1{}, b_rows + 32, b_stride);
+    u.mma(typename R::C00{}, typename R::A0{}, typename R::B0{});
+    u.mma(typename R::C01{}, typename R::A0{}, typename R::B1{});
+    u.mma(typename R::C10{}, typename R::A1{}, typename R::B0{});
+    u.mma(typename R::C11{}, typename R::A1{}, typename R::B1{});
+  }
+  u.store(typename R::C00{}, c, c_stride);
+  u.store(typename R::C01{}, c + 16, c_stride);
+  u.store(typename R::C10{}, c + 16 * ldc, c_stride);
+  u.store(typename R::C11{}, c + 16 * ldc + 16, c_stride);
+}
+
+// c[r][j] = fma(t[r][j], row_scale[r] * col_scale[j], c[r][j]) for a 32 x 32 block (dot_promote's
+// arithmetic, for partial sums that come out of tile registers).
+template <tile::Isa T>
+void tile_promote(const float* t, float* c, int64_t ldc, const float* row_scale,
+                  const float* col_scale) {
+  for (int r = 0; r < 32; ++r) {
+    float* out = c + r * ldc;
+    if constexpr (!std::same_as<tile::vector_isa_t<T>, tile::generic_t>) {
+#if DSK_TILE_HAS_AVX512
+      for (int j = 0; j < 32; j += 16) {
+        const __m512 scale =
+            _mm512_mul_ps(_mm512_set1_ps(row_scale[r]), _mm512_loadu_ps(col_scale + j));
+        _mm512_storeu_ps(out + j, _mm512_fmadd_ps(_mm512_loadu_ps(t + r * 32 + j), scale,
+                                                  _mm512_loadu_ps(out + j)));
+      }
+#endif
+    } else {
+      for (int j = 0; j < 32; ++j)
+        out[j] =
+            std::fma(t[r * 32 + j], tile::detail::rounded(row_scale[r] * col_scale[j]), out[j]);
+    }
+  }
+}
+
+// Every 32-row tile of one panel over the pass (A and C padded with zero rows to whole tiles).
+template <tile::Isa T>
+void tile_panel_pass(typename TileRegs<T>::Unit& u, const Problem& p, const GemmSegment& s,
+                     const ScaleModes& modes, const PassOperands& op, int64_t row0, int64_t rows,
+                     int64_t panel, int64_t k0, int64_t kc, float* c, int64_t ldc,
+                     float* tile_buffer) {
+  const int64_t kc_pad = round_up(kc, 32);
+  for (int64_t r = 0; r < rows; r += 32) {
+    for (int half = 0; half < 2; ++half) {
+      const bf16* a = op.a + r * op.lda;
+      const bf16* b = op.b + 2 * 32 * half;  // columns [32 half, 32 half + 32): bf16 pairs
+      float* block = c + r * ldc + 32 * half;
+      if (modes.gran == 0) {
+        tile_block<T>(u, a, op.lda, b, kc_pad, block, ldc, k0 != 0);
+        continue;
+      }
+      for (int64_t g = 0; g < kc; g += modes.gran) {
+        float row_scale[32];  // rows past the item are zero rows of A: any finite scale
+        std::fill(row_scale, row_scale + 32, 1.0f);
+        promotion_row_scales(modes, s, row0 + r, static_cast<int>(std::min<int64_t>(32, rows - r)),
+                             k0 + g, row_scale);
+        const float* col_scale = promotion_col_scales(modes, p, s, panel, k0 + g) + 32 * half;
+        tile_block<T>(u, a + g, op.lda, b + g / 2 * kPanelRowBf16,
+                      round_up(std::min(modes.gran, kc - g), 32), tile_buffer, 32, false);
+        tile_promote<T>(tile_buffer, block, ldc, row_scale, col_scale);
+      }
+    }
+  }
+}
+
+}  // namespace large_m_detail
+
+// Computes one work item of the large-M kernel: with tile registers (kTiles, the amx kernel; on
+// another ISA its TileUnit emulates AMX) or with dot tiles.
+template <tile::Isa I, bool kTiles = std::same_as<I, tile::amx_t>>
+void large_m_item(const Problem& p, const GemmSegment& s, const GemmItem& item,
+                  std::byte* scratch) {
+  constexpr bool kAmx = kTiles;
+  const int64_t rows = item.m1 - item.m0, panels = item.p1 - item.p0;
+  const int64_t rows_pad = round_up(rows, kTileRows), ldc = panels * kPanelCols;
+  const ScratchPlan plan = scratch_plan(Path::large_m, rows, panels, p.block_k, p.b.k_pad);
+  auto* c = reinterpret_cast<float*>(scratch + plan.c);
+  auto* a_block = reinterpret_cast<bf16*>(scratch + plan.a);
+  auto* b_block = reinterpret_cast<bf16*>(scratch + plan.b);
+  const ScaleModes modes = scale_modes(p, s);
+  if (modes.gran != 0)
+    std::memset(c, 0, static_cast<size_t>((kAmx ? rows_pad : rows) * ldc) * sizeof(float));
+  [[maybe_unused]] std::conditional_t<kAmx, typename large_m_detail::TileRegs<I>::Unit, char> unit;
+
+  for (int64_t k0 = 0; k0 < p.b.k; k0 += p.block_k) {
+    const int64_t kc = std::min(p.block_k, p.b.k - k0);
+    const int64_t kc_pad = round_up(kc, kPanelKAlign);
+    PassOperands op;
+    if (!kAmx && a_in_place(p, s, kc)) {
+      op.a = static_cast<const bf16*>(s.a.data) + item.m0 * s.a.stride_r + k0;
+      op.lda = s.a.stride_r;
+    } else {
+      widen_a_block<I>(p.a_type, s.a, item.m0, rows, k0, kc, kc_pad, modes.fold_a, a_block,
+                       plan.a_cols);
+      if (kAmx)  // whole tiles: zero rows up to the next multiple of 32
+        std::memset(static_cast<void*>(a_block + rows * plan.a_cols), 0,
+                    static_cast<size_t>((rows_pad - rows) * plan.a_cols) * sizeof(bf16));
+      op.a = a_block;
+      op.lda = plan.a_cols;
+    }
+    for (int64_t panel = item.p0; panel < item.p1; ++panel) {
+      const int64_t k2 = k0 / 2, k2_end = k2 + (kAmx ? kc_pad : kc + 1) / 2;
+      if (p.b.type == Elem::bf16) {
+        op.b = reinterpret_cast<const bf16*>(panel_data(s.b, p.b, panel) + k2 * p.b.row_bytes);
+      } else {
+        widen_panel_rows<I>(p.b, s.b, panel, k2, k2_end, modes.fold_b, b_block);
+        op.b = b_block;
+      }
+      float* c_panel = c + (panel - item.p0) * kPanelCols;
+      if constexpr (kAmx) {
+        large_m_detail::tile_panel_pass<I>(unit, p, s, modes, op, item.m0, rows, panel, k0, kc,
+                                           c_panel, ldc,
+                                           reinterpret_cast<float*>(scratch + plan.tile));
+      } else {
+        for (int64_t r = 0; r < rows; r += kDotTileRows) {
+          const int tile_rows = static_cast<int>(std::min<int64_t>(kDotTileRows, rows - r));
+          PassOperands row_op = op;
+          row_op.a += r * op.lda;
+          large_m_detail::dot_row_tile<I>(p, s, modes, row_op, item.m0 + r, tile_rows, panel, k0,
+                                          kc, c_panel + r * ldc, ldc);
+        }
+      }
+    }
+  }
+  const int64_t col0 = item.p0 * int64_t{kPanelCols};
+  const int cols = static_cast<int>(std::min(ldc, p.b.n - col0));
+  store_output<I>(p, s, item.m0, static_cast<int>(rows), col0, cols, c, ldc,
+                  reinterpret_cast<float*>(scratch + plan.row));
+}
+
+}  // namespace DSK_TILE_ABI
+}  // namespace dsk::kernels::gemm
