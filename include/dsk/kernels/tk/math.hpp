@@ -1,0 +1,99 @@
+// Elementary functions on Simd vectors for the tk kernels: exp, log, and the activations built on
+// them (sigmoid, silu, softplus). Written once in Simd operations, so both implementations give
+// the same bits; accuracy is within 2 ulp of the correctly rounded result over the f32 range
+// (checked against fp64 in tests/tk/test_tk_math.cpp), with inf and NaN handled as IEEE does.
+#pragma once
+
+#include <cstdint>
+
+#include <dsk/kernels/tk/simd.hpp>
+
+namespace dsk::tk::kernels {
+inline namespace DSK_TILE_ABI {
+
+// e^x. Cody-Waite reduction x = n ln2 + r (|r| <= ln2 / 2, ln2 split so n * ln2_hi is exact),
+// the degree-7 Taylor polynomial of e^r (truncation error below 6e-9), and the scaling by 2^n in
+// two halves so that results down to the subnormal range and up to the overflow threshold are
+// formed without an exponent overflow.
+template <class S>
+DSK_TK_INLINE typename S::F exp(typename S::F x) {
+  using F = typename S::F;
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;  // 8 significant bits
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  const F xc = S::min(S::max(x, S::set1(-104.0f)), S::set1(88.75f));  // NaN -> finite here
+  const F n = S::round(S::mul(xc, S::set1(kLog2e)));
+  const F r = S::sub(S::sub(xc, S::mul(n, S::set1(kLn2Hi))), S::mul(n, S::set1(kLn2Lo)));
+  constexpr float kCoeff[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24,
+                               1.0f / 6,    0.5f,       1.0f,       1.0f};
+  F p = S::set1(kCoeff[0]);
+  for (int i = 1; i < 8; ++i) p = S::add(S::mul(p, r), S::set1(kCoeff[i]));
+  // 2^n = 2^h * 2^(n - h) with h = n / 2 (arithmetic shift): both exponents stay in range.
+  const auto ni = S::to_int(n);
+  const auto half = S::template sra<1>(ni);
+  const auto bias = S::iset1(127);
+  const F scale_a = S::from_bits(S::template shl<23>(S::iadd(half, bias)));
+  const F scale_b = S::from_bits(S::template shl<23>(S::iadd(S::isub(ni, half), bias)));
+  F y = S::mul(S::mul(p, scale_a), scale_b);
+  y = S::select(S::gt(x, S::set1(88.75f)), S::set1(numeric::float_of(0x7F800000u)), y);
+  y = S::select(S::lt(x, S::set1(-104.0f)), S::zero(), y);
+  return S::select(S::isnan(x), x, y);
+}
+
+// ln(x) for x > 0 (0 -> -inf, negative -> NaN, inf -> inf). x = 2^e * m with m in
+// [sqrt(1/2), sqrt(2)), ln m = 2 atanh(s) with s = (m - 1) / (m + 1), |s| <= 0.172, summed to s^11.
+template <class S>
+DSK_TK_INLINE typename S::F log(typename S::F x) {
+  using F = typename S::F;
+  // Subnormal inputs are scaled into the normal range first.
+  const auto tiny = S::lt(x, S::set1(0x1p-126f));
+  const F xs = S::select(tiny, S::mul(x, S::set1(0x1p32f)), x);
+  const auto b = S::bits(xs);
+  // Exponent relative to sqrt(1/2): e = floor(log2(x / sqrt(1/2))).
+  const auto shifted = S::isub(b, S::iset1(0x3F3504F3));  // bits of sqrt(1/2)
+  const auto e = S::template sra<23>(shifted);
+  const F m = S::from_bits(S::isub(b, S::template shl<23>(e)));  // in [sqrt(1/2), sqrt(2))
+  F ef = S::to_float(e);
+  ef = S::select(tiny, S::sub(ef, S::set1(32.0f)), ef);
+  const F s = S::div(S::sub(m, S::set1(1.0f)), S::add(m, S::set1(1.0f)));
+  const F s2 = S::mul(s, s);
+  F p = S::set1(2.0f / 11);
+  for (float c : {2.0f / 9, 2.0f / 7, 2.0f / 5, 2.0f / 3}) p = S::add(S::mul(p, s2), S::set1(c));
+  const F ln_m = S::add(S::mul(S::mul(p, s2), s), S::add(s, s));
+  constexpr float kLn2Hi = 0.693359375f;
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  F y = S::add(S::add(S::mul(ef, S::set1(kLn2Lo)), ln_m), S::mul(ef, S::set1(kLn2Hi)));
+  const F inf = S::set1(numeric::float_of(0x7F800000u));
+  y = S::select(S::eq(x, inf), inf, y);
+  y = S::select(S::eq(x, S::zero()), S::set1(numeric::float_of(0xFF800000u)), y);
+  return S::select(S::lt(x, S::zero()) | S::isnan(x), S::set1(numeric::float_of(0x7FC00000u)), y);
+}
+
+// 1 / (1 + e^-x).
+template <class S>
+DSK_TK_INLINE typename S::F sigmoid(typename S::F x) {
+  const auto one = S::set1(1.0f);
+  return S::div(one, S::add(one, exp<S>(S::sub(S::zero(), x))));
+}
+
+// x * sigmoid(x), computed as x / (1 + e^-x).
+template <class S>
+DSK_TK_INLINE typename S::F silu(typename S::F x) {
+  return S::div(x, S::add(S::set1(1.0f), exp<S>(S::sub(S::zero(), x))));
+}
+
+// ln(1 + e^x), and x itself above 20 (torch's threshold). ln(1 + y) is evaluated as
+// ln(u) * y / (u - 1) with u = 1 + y (exact in the rounding of u; y itself when u == 1).
+template <class S>
+DSK_TK_INLINE typename S::F softplus(typename S::F x) {
+  const auto one = S::set1(1.0f);
+  const auto y = exp<S>(x);
+  const auto u = S::add(one, y);
+  const auto d = S::sub(u, one);
+  const auto corrected = S::div(S::mul(log<S>(u), y), d);
+  auto r = S::select(S::eq(d, S::zero()), y, corrected);
+  return S::select(S::gt(x, S::set1(20.0f)), x, r);
+}
+
+}  // namespace DSK_TILE_ABI
+}  // namespace dsk::tk::kernels

@@ -1,0 +1,168 @@
+// Row normalisations with f32 math: RMSNorm and LayerNorm, for rows of f32 / bf16 / f16 with an
+// f32 or bf16 weight (and bias), written to f32 / bf16 / f16 rows or handed to a fused consumer.
+//
+//   RMSNorm:   rstd = 1 / sqrt(sum(x^2) / n + eps),              y = (x * rstd) * w
+//   LayerNorm: mean = sum(x) / n, var = sum((x - mean)^2) / n,
+//              rstd = 1 / sqrt(var + eps),                        y = ((x - mean) * rstd) * w + b
+// Sums run over 16 lanes (lane j holds elements j, j + 16, ...) combined in the Simd tree, so all
+// ISAs give the same bits; every operation is rounded once (no FMA).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <dsk/kernels/tk/simd.hpp>
+
+namespace dsk::tk::kernels {
+
+// One norm call over rows [r0, r1): x and out rows are `cols` contiguous elements `*_stride`
+// elements apart; weight (and bias) are `cols` contiguous elements of type W.
+struct NormArgs {
+  const void* x = nullptr;
+  int64_t x_stride = 0;
+  const void* weight = nullptr;
+  const void* bias = nullptr;  // LayerNorm only; may be null (no bias)
+  int64_t cols = 0;
+  float eps = 1e-6f;
+  void* out = nullptr;
+  int64_t out_stride = 0;
+};
+
+inline namespace DSK_TILE_ABI {
+namespace norm_detail {
+
+// Calls fn(offset, live, x) for the row's 16-value vectors (live < 16 only for the last one, whose
+// other lanes read 0).
+template <class S, class T, class Fn>
+inline void for_each_vector(const T* row, int64_t cols, Fn fn) {
+  int64_t i = 0;
+  for (; i + 16 <= cols; i += 16) fn(i, 16, S::load(row + i));
+  if (i < cols) fn(i, static_cast<int>(cols - i), S::load_n(row + i, static_cast<int>(cols - i)));
+}
+
+template <class S, class T>
+inline typename S::F load_part(const T* p, int live) {
+  return live == 16 ? S::load(p) : S::load_n(p, live);
+}
+
+template <class S, class T>
+inline void store_part(T* p, typename S::F x, int live) {
+  if (live == 16)
+    S::store(p, x);
+  else
+    S::store_n(p, x, live);
+}
+
+}  // namespace norm_detail
+
+// 1 / sqrt(mean(x^2) + eps) of one row.
+template <class S, class T>
+inline float rms_rstd(const T* row, int64_t cols, float eps) {
+  auto sum = S::zero();
+  norm_detail::for_each_vector<S>(row, cols,
+                                  [&](int64_t, int, auto x) { sum = S::add(sum, S::mul(x, x)); });
+  const float mean = S::reduce_add(sum) / static_cast<float>(cols);
+  return 1.0f / std::sqrt(mean + eps);
+}
+
+// y = (x * rstd) * w for one row, passed to sink(offset, live, y).
+template <class S, class T, class W, class Sink>
+inline void rms_norm_row(const T* row, const W* weight, int64_t cols, float rstd, Sink sink) {
+  const auto r = S::set1(rstd);
+  norm_detail::for_each_vector<S>(row, cols, [&](int64_t i, int live, auto x) {
+    sink(i, live, S::mul(S::mul(x, r), norm_detail::load_part<S>(weight + i, live)));
+  });
+}
+
+template <tile::Isa I, class T, class W, class O>
+void rms_norm_rows(const NormArgs& a, int64_t r0, int64_t r1) {
+  using S = SimdOf<I>;
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* row = static_cast<const T*>(a.x) + r * a.x_stride;
+    O* out = static_cast<O*>(a.out) + r * a.out_stride;
+    const float rstd = rms_rstd<S>(row, a.cols, a.eps);
+    rms_norm_row<S>(
+        row, static_cast<const W*>(a.weight), a.cols, rstd,
+        [&](int64_t i, int live, auto y) { norm_detail::store_part<S>(out + i, y, live); });
+  }
+}
+
+namespace norm_detail {
+
+// LayerNorm of kRows rows of kVectors * 16 values held in registers (the indexer's 128): the same
+// operations in the same order per row as the general loop of layer_norm_rows, read and converted
+// once instead of three times, and kRows rows interleaved so that one row's reductions overlap
+// the other's arithmetic.
+template <class S, int kVectors, int kRows, class T, class W, class O>
+DSK_TK_INLINE void layer_norm_rows_in_registers(const T* row, int64_t x_stride, const W* weight,
+                                                const W* bias, float eps, O* out,
+                                                int64_t out_stride) {
+  constexpr float n = 16.0f * kVectors;
+  typename S::F x[kRows][kVectors], sum[kRows], sq[kRows], mean[kRows], rstd[kRows];
+  for (int r = 0; r < kRows; ++r) sum[r] = S::zero(), sq[r] = S::zero();
+  for (int i = 0; i < kVectors; ++i)
+    for (int r = 0; r < kRows; ++r) {
+      x[r][i] = S::load(row + r * x_stride + 16 * i);
+      sum[r] = S::add(sum[r], x[r][i]);
+    }
+  for (int r = 0; r < kRows; ++r) mean[r] = S::set1(S::reduce_add(sum[r]) / n);
+  for (int i = 0; i < kVectors; ++i)
+    for (int r = 0; r < kRows; ++r) {
+      const auto d = S::sub(x[r][i], mean[r]);
+      sq[r] = S::add(sq[r], S::mul(d, d));
+    }
+  for (int r = 0; r < kRows; ++r)
+    rstd[r] = S::set1(1.0f / std::sqrt(S::reduce_add(sq[r]) / n + eps));
+  for (int i = 0; i < kVectors; ++i) {
+    const auto w = S::load(weight + 16 * i);
+    for (int r = 0; r < kRows; ++r) {
+      auto y = S::mul(S::mul(S::sub(x[r][i], mean[r]), rstd[r]), w);
+      if (bias != nullptr) y = S::add(y, S::load(bias + 16 * i));
+      S::store(out + r * out_stride + 16 * i, y);
+    }
+  }
+}
+
+}  // namespace norm_detail
+
+template <tile::Isa I, class T, class W, class O>
+void layer_norm_rows(const NormArgs& a, int64_t r0, int64_t r1) {
+  using S = SimdOf<I>;
+  using norm_detail::for_each_vector;
+  using norm_detail::load_part;
+  const W* weight = static_cast<const W*>(a.weight);
+  const W* bias = static_cast<const W*>(a.bias);
+  const float n = static_cast<float>(a.cols);
+  if (a.cols == 128) {
+    const auto rows = [&]<int kRows>(int64_t r) {
+      norm_detail::layer_norm_rows_in_registers<S, 8, kRows>(
+          static_cast<const T*>(a.x) + r * a.x_stride, a.x_stride, weight, bias, a.eps,
+          static_cast<O*>(a.out) + r * a.out_stride, a.out_stride);
+    };
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) rows.template operator()<4>(r);
+    for (; r < r1; ++r) rows.template operator()<1>(r);
+    return;
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* row = static_cast<const T*>(a.x) + r * a.x_stride;
+    O* out = static_cast<O*>(a.out) + r * a.out_stride;
+    auto sum = S::zero();
+    for_each_vector<S>(row, a.cols, [&](int64_t, int, auto x) { sum = S::add(sum, x); });
+    const auto mean = S::set1(S::reduce_add(sum) / n);
+    auto sq = S::zero();
+    for_each_vector<S>(row, a.cols, [&](int64_t, int live, auto x) {
+      const auto d = S::select(first_lanes(live), S::sub(x, mean), S::zero());
+      sq = S::add(sq, S::mul(d, d));
+    });
+    const auto rstd = S::set1(1.0f / std::sqrt(S::reduce_add(sq) / n + a.eps));
+    for_each_vector<S>(row, a.cols, [&](int64_t i, int live, auto x) {
+      auto y = S::mul(S::mul(S::sub(x, mean), rstd), load_part<S>(weight + i, live));
+      if (bias != nullptr) y = S::add(y, load_part<S>(bias + i, live));
+      norm_detail::store_part<S>(out + i, y, live);
+    });
+  }
+}
+
+}  // namespace DSK_TILE_ABI
+}  // namespace dsk::tk::kernels

@@ -1,0 +1,482 @@
+// Quantisation kernels: per-token (1 x g blocks), per-block (bm x bk) and per-channel (g x 1)
+// casts to e4m3 or e2m1 with f32 or UE8M0 scales, the fused SwiGLU + per-token cast and
+// RMSNorm + per-token cast, and the cast back to f32 / bf16.
+//
+// Every scale and code follows dsk/kernels/quant.hpp (DeepGEMM's rule, shared with dsk::gemm's
+// reference quantizers), so they are bit-identical to it:
+//   amax = max |x| over the block, sf = block_scale(amax, fmt_max, ue8m0),
+//   code = to_format(x * inverse_scale(sf)),
+// with torch's NaN rule as dsk::gemm's reference applies it: a NaN in a block makes its amax NaN,
+// and sf NaN (2^127 = ceil_to_ue8m0(NaN) with UE8M0), so the block's codes are NaN (about 0).
+// Fused kernels first compute the row in f32 (into a caller-provided scratch row), then quantize
+// it with the same code as the plain cast, so fused == unfused-then-cast, bit for bit.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <dsk/kernels/numeric.hpp>
+#include <dsk/kernels/quant.hpp>
+#include <dsk/kernels/tk/math.hpp>
+#include <dsk/kernels/tk/norm.hpp>
+#include <dsk/kernels/tk/simd.hpp>
+
+namespace dsk::tk::kernels {
+
+enum class QuantFormat : int { e4m3 = 0, e2m1 = 1 };
+
+// Where scale (row r, block kb) goes: f32 element data[r * row_stride + kb * col_stride], or, when
+// packed, byte kb % 4 of int32 word data[r * row_stride + (kb / 4) * col_stride] (the UE8M0
+// exponent byte; strides count int32 words).
+struct ScaleLayout {
+  void* data = nullptr;
+  bool packed = false;
+  int64_t row_stride = 0;
+  int64_t col_stride = 0;
+};
+
+// Codes of row r start at out + r * out_stride bytes; e4m3 rows hold `cols` bytes, e2m1 rows
+// cols / 2 (two codes per byte, even column in the low nibble).
+struct QuantOut {
+  QuantFormat fmt = QuantFormat::e4m3;
+  bool round_sf = false;  // UE8M0 scales (powers of two)
+  void* out = nullptr;
+  int64_t out_stride = 0;
+  ScaleLayout sf;
+};
+
+// per_token_cast: rows [r0, r1) of x [rows, cols] (T elements, x_stride apart), blocks of `group`
+// columns (the last one may be shorter).
+struct TokenCastArgs {
+  const void* x = nullptr;
+  int64_t x_stride = 0;
+  int64_t cols = 0;
+  int64_t group = 128;
+  QuantOut q;
+};
+
+// swiglu_forward_and_per_token_cast: row r of x holds gate [0, cols) and up [cols, 2 cols);
+//   g = min(gate, clamp), u = min(max(up, -clamp), clamp)     (when has_clamp)
+//   y = silu(g) * u, then y * weight[pos_to_token_topk[r]]    (when weights)
+// Rows with pos_to_expert[r] < 0 or pos_to_token_topk[r] < 0 (when given) are all zeros.
+struct SwigluCastArgs {
+  TokenCastArgs cast;  // cast.cols is the output width (half of x's)
+  bool has_clamp = false;
+  float clamp = 0.0f;
+  const int32_t* pos_to_expert = nullptr;
+  const int32_t* pos_to_token_topk = nullptr;
+  const float* weights = nullptr;  // flat [num_tokens * num_topk]
+  // When set, y rows go here (cols floats apart) and are not cast (swiglu_forward).
+  float* f32_out = nullptr;
+};
+
+// rmsnorm_forward_and_per_token_cast: y = RMSNorm(x) (norm.hpp), then the per-token cast.
+struct NormCastArgs {
+  TokenCastArgs cast;
+  const void* weight = nullptr;
+  float eps = 1e-6f;
+};
+
+// per_block_cast: blocks of block_rows x block_cols; rows [br0, br1) of blocks.
+struct BlockCastArgs {
+  const void* x = nullptr;
+  int64_t x_stride = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t block_rows = 128;
+  int64_t block_cols = 128;
+  QuantOut q;
+};
+
+// cast_back: out[r, c] = value(code[r, c]) * sf(r / block_rows, c / block_cols), rows [r0, r1).
+struct CastBackArgs {
+  QuantFormat fmt = QuantFormat::e4m3;
+  const void* x = nullptr;  // codes, row r at x + r * x_stride bytes
+  int64_t x_stride = 0;
+  int64_t cols = 0;
+  int64_t block_rows = 1;
+  int64_t block_cols = 128;
+  ScaleLayout sf;  // read the same way ScaleLayout is written
+  void* out = nullptr;
+  int64_t out_stride = 0;  // elements
+};
+
+inline namespace DSK_TILE_ABI {
+
+DSK_TK_INLINE void store_scale(const ScaleLayout& l, int64_t r, int64_t kb, float sf) {
+  if (!l.packed) {
+    static_cast<float*>(l.data)[r * l.row_stride + kb * l.col_stride] = sf;
+  } else {
+    uint8_t* word = reinterpret_cast<uint8_t*>(static_cast<int32_t*>(l.data) + r * l.row_stride +
+                                               (kb / 4) * l.col_stride);
+    word[kb % 4] = numeric::f32_to_ue8m0_exact(sf).bits;
+  }
+}
+
+DSK_TK_INLINE float load_scale(const ScaleLayout& l, int64_t r, int64_t kb) {
+  if (!l.packed) return static_cast<const float*>(l.data)[r * l.row_stride + kb * l.col_stride];
+  const uint8_t* word = reinterpret_cast<const uint8_t*>(
+      static_cast<const int32_t*>(l.data) + r * l.row_stride + (kb / 4) * l.col_stride);
+  return numeric::ue8m0_to_f32(ue8m0{word[kb % 4]});
+}
+
+DSK_TK_INLINE float format_max(QuantFormat fmt) {
+  return fmt == QuantFormat::e4m3 ? numeric::kE4m3Max : numeric::kE2m1Max;
+}
+
+namespace quant_detail {
+
+// The scale of a block whose |x| maximum is amax (NaN when the block holds a NaN).
+DSK_TK_INLINE float scale_of(float amax, float fmt_max, bool round_sf) {
+  if (amax != amax) return round_sf ? numeric::ceil_to_ue8m0(amax) : amax;
+  return quant::block_scale(amax, fmt_max, round_sf);
+}
+
+// A running |x| maximum kept as the integer bits of |x|: for non-negative floats integer order is
+// value order, and NaN (abs bits above inf's) wins, as torch's amax makes it.
+template <class S>
+struct Amax {
+  typename S::I32 bits = S::iset1(0);
+  void add(typename S::F x) { bits = S::imax(S::iand(S::bits(x), S::iset1(0x7FFFFFFF)), bits); }
+  float value() const { return finish(S::ireduce_max(bits)); }
+  static float finish(int32_t b) {
+    return static_cast<uint32_t>(b) > 0x7F800000u ? numeric::float_of(0x7FC00000u)
+                                                  : numeric::float_of(static_cast<uint32_t>(b));
+  }
+};
+
+// Stores the codes of n values starting at column c of a row (c even for e2m1, n even or the row
+// end); v holds 16 values.
+template <class S>
+DSK_TK_INLINE void store_codes(const QuantOut& q, uint8_t* row, int64_t c, typename S::F v, int n) {
+  if (q.fmt == QuantFormat::e4m3) {
+    e4m3* p = reinterpret_cast<e4m3*>(row) + c;
+    if (n == 16)
+      S::store_e4m3(p, v);
+    else
+      S::store_e4m3_n(p, v, n);
+  } else {
+    fp4x2* p = reinterpret_cast<fp4x2*>(row) + c / 2;
+    if (n == 16)
+      S::store_e2m1(p, v);
+    else
+      S::store_e2m1_n(p, v, n);
+  }
+}
+
+template <class S, class T>
+DSK_TK_INLINE typename S::F load_part(const T* p, int n) {
+  return n == 16 ? S::load(p) : S::load_n(p, n);
+}
+
+// Any block (any length, any start): amax over the block, then codes, reading v twice.
+template <class S, class T>
+DSK_TK_INLINE void quantize_block_any(const T* v, int64_t start, int64_t end, const QuantOut& q,
+                                      uint8_t* out, int64_t r, int64_t kb) {
+  Amax<S> amax;
+  for (int64_t c = start; c < end; c += 16) {
+    const int n = static_cast<int>(end - c < 16 ? end - c : 16);
+    amax.add(load_part<S>(v + c, n));
+  }
+  const float sf = scale_of(amax.value(), format_max(q.fmt), q.round_sf);
+  store_scale(q.sf, r, kb, sf);
+  const auto inv = S::set1(quant::inverse_scale(sf));
+  for (int64_t c = start; c < end; c += 16) {
+    const int n = static_cast<int>(end - c < 16 ? end - c : 16);
+    store_codes<S>(q, out, c, S::mul(load_part<S>(v + c, n), inv), n);
+  }
+}
+
+// The whole blocks of a row in chunks of kChunk blocks, in three passes per chunk: the amax of
+// every block, then every scale, then the codes. Done block by block, each block's scalar chain
+// (reduction, two divisions) stalls its codes; done a chunk at a time, the chains of a chunk are
+// independent and overlap, and the second read of the chunk (at most 16 KiB) hits L1.
+template <class S, QuantFormat kFmt, int kVectors, class T>
+DSK_TK_INLINE void quantize_row_fixed(const T* v, int64_t cols, const QuantOut& q, int64_t r) {
+  constexpr int64_t kGroup = 16 * kVectors;
+  constexpr int kChunk = 8192 / kGroup;
+  constexpr float kMax = kFmt == QuantFormat::e4m3 ? numeric::kE4m3Max : numeric::kE2m1Max;
+  uint8_t* out = static_cast<uint8_t*>(q.out) + r * q.out_stride;
+  const int64_t whole = cols / kGroup;
+  int32_t amax_bits[kChunk];
+  float inv[kChunk];
+  for (int64_t kb0 = 0; kb0 < whole; kb0 += kChunk) {
+    const int n = static_cast<int>(whole - kb0 < kChunk ? whole - kb0 : kChunk);
+    const T* chunk = v + kb0 * kGroup;
+    for (int b = 0; b < n; ++b) {
+      Amax<S> amax;
+      for (int i = 0; i < kVectors; ++i) amax.add(S::load(chunk + b * kGroup + 16 * i));
+      amax_bits[b] = S::ireduce_max(amax.bits);
+    }
+    for (int b = 0; b < n; ++b) {
+      const float sf = scale_of(Amax<S>::finish(amax_bits[b]), kMax, q.round_sf);
+      store_scale(q.sf, r, kb0 + b, sf);
+      inv[b] = quant::inverse_scale(sf);
+    }
+    for (int b = 0; b < n; ++b) {
+      const auto s = S::set1(inv[b]);
+      for (int i = 0; i < kVectors; ++i) {
+        const int64_t c = (kb0 + b) * kGroup + 16 * i;
+        const auto y = S::mul(S::load(chunk + b * kGroup + 16 * i), s);
+        if constexpr (kFmt == QuantFormat::e4m3)
+          S::store_e4m3(reinterpret_cast<e4m3*>(out) + c, y);
+        else
+          S::store_e2m1(reinterpret_cast<fp4x2*>(out) + c / 2, y);
+      }
+    }
+  }
+  if (whole * kGroup < cols) quantize_block_any<S>(v, whole * kGroup, cols, q, out, r, whole);
+}
+
+}  // namespace quant_detail
+
+// Quantizes one row of `cols` values (any T) in blocks of `group`, as row r of the output. Blocks
+// of 16, 32, 64 and 128 values go a chunk of blocks at a time (quantize_row_fixed); other sizes
+// block by block.
+template <class S, class T>
+DSK_TK_INLINE void quantize_row(const T* v, int64_t cols, int64_t group, const QuantOut& q,
+                                int64_t r) {
+  using namespace quant_detail;
+  const bool e4m3 = q.fmt == QuantFormat::e4m3;
+  switch (group) {
+    case 16:
+      return e4m3 ? quantize_row_fixed<S, QuantFormat::e4m3, 1>(v, cols, q, r)
+                  : quantize_row_fixed<S, QuantFormat::e2m1, 1>(v, cols, q, r);
+    case 32:
+      return e4m3 ? quantize_row_fixed<S, QuantFormat::e4m3, 2>(v, cols, q, r)
+                  : quantize_row_fixed<S, QuantFormat::e2m1, 2>(v, cols, q, r);
+    case 64:
+      return e4m3 ? quantize_row_fixed<S, QuantFormat::e4m3, 4>(v, cols, q, r)
+                  : quantize_row_fixed<S, QuantFormat::e2m1, 4>(v, cols, q, r);
+    case 128:
+      return e4m3 ? quantize_row_fixed<S, QuantFormat::e4m3, 8>(v, cols, q, r)
+                  : quantize_row_fixed<S, QuantFormat::e2m1, 8>(v, cols, q, r);
+    default:
+      break;
+  }
+  uint8_t* out = static_cast<uint8_t*>(q.out) + r * q.out_stride;
+  for (int64_t start = 0, kb = 0; start < cols; start += group, ++kb)
+    quantize_block_any<S>(v, start, start + group < cols ? start + group : cols, q, out, r, kb);
+}
+
+template <tile::Isa I, class T>
+void token_cast_rows(const TokenCastArgs& a, int64_t r0, int64_t r1) {
+  using S = SimdOf<I>;
+  for (int64_t r = r0; r < r1; ++r)
+    quantize_row<S>(static_cast<const T*>(a.x) + r * a.x_stride, a.cols, a.group, a.q, r);
+}
+
+// `scratch` holds cols floats (one per calling thread); unused with f32_out.
+template <tile::Isa I, class T>
+void swiglu_cast_rows(const SwigluCastArgs& a, int64_t r0, int64_t r1, float* scratch) {
+  using S = SimdOf<I>;
+  const int64_t cols = a.cast.cols;
+  for (int64_t r = r0; r < r1; ++r) {
+    float* y_row = a.f32_out != nullptr ? a.f32_out + r * cols : scratch;
+    const bool padding = (a.pos_to_expert != nullptr && a.pos_to_expert[r] < 0) ||
+                         (a.pos_to_token_topk != nullptr && a.pos_to_token_topk[r] < 0);
+    const T* gate = static_cast<const T*>(a.cast.x) + r * a.cast.x_stride;
+    const T* up = gate + cols;
+    const auto w =
+        S::set1(a.weights != nullptr && !padding ? a.weights[a.pos_to_token_topk[r]] : 1.0f);
+    const auto lim = S::set1(a.clamp);
+    const auto neg_lim = S::set1(-a.clamp);
+    for (int64_t c = 0; c < cols; c += 16) {
+      const int n = static_cast<int>(cols - c < 16 ? cols - c : 16);
+      auto y = S::zero();
+      if (!padding) {
+        auto g = quant_detail::load_part<S>(gate + c, n);
+        auto u = quant_detail::load_part<S>(up + c, n);
+        if (a.has_clamp) {
+          g = S::min(g, lim);
+          u = S::min(S::max(u, neg_lim), lim);
+        }
+        y = S::mul(silu<S>(g), u);
+        if (a.weights != nullptr) y = S::mul(y, w);
+      }
+      S::store_n(y_row + c, y, n);
+    }
+    if (a.f32_out == nullptr) quantize_row<S>(y_row, cols, a.cast.group, a.cast.q, r);
+  }
+}
+
+template <tile::Isa I, class T, class W>
+void norm_cast_rows(const NormCastArgs& a, int64_t r0, int64_t r1, float* scratch) {
+  using S = SimdOf<I>;
+  const int64_t cols = a.cast.cols;
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* row = static_cast<const T*>(a.cast.x) + r * a.cast.x_stride;
+    const float rstd = rms_rstd<S>(row, cols, a.eps);
+    rms_norm_row<S>(row, static_cast<const W*>(a.weight), cols, rstd,
+                    [&](int64_t i, int live, auto y) { S::store_n(scratch + i, y, live); });
+    quantize_row<S>(scratch, cols, a.cast.group, a.cast.q, r);
+  }
+}
+
+namespace quant_detail {
+
+// Column strips of block_cast_rows: at most kStripCols columns (whole blocks) at a time.
+inline constexpr int kStripCols = 2048;
+
+// The row block br of per_block_cast in column strips, each read row by row: the lane-wise amax
+// of every 16 columns, then the scales of the strip's blocks, then the codes from the strip (now
+// in L2). Block by block, the rows of a block lie a row stride apart and share L1 sets, so the
+// second read missed L1. Block columns must be a multiple of 16 and at most kStripCols. Max is
+// exact, so the scales and codes are those of the block-by-block loop.
+template <class S, class T>
+DSK_TK_INLINE void block_cast_strips(const BlockCastArgs& a, int64_t br, int64_t r_begin,
+                                     int64_t r_end) {
+  const int64_t strip = kStripCols / a.block_cols * a.block_cols;
+  const int64_t per_block = a.block_cols / 16;
+  const float fmt_max = format_max(a.q.fmt);
+  Amax<S> acc[kStripCols / 16];
+  float inv[kStripCols / 16];
+  for (int64_t s0 = 0; s0 < a.cols; s0 += strip) {
+    const int64_t s1 = s0 + strip < a.cols ? s0 + strip : a.cols;
+    const int64_t vectors = (s1 - s0 + 15) / 16;
+    for (int64_t v = 0; v < vectors; ++v) acc[v] = Amax<S>{};
+    for (int64_t r = r_begin; r < r_end; ++r) {
+      const T* row = static_cast<const T*>(a.x) + r * a.x_stride + s0;
+      for (int64_t v = 0; v < vectors; ++v) {
+        const int n = static_cast<int>(s1 - s0 - 16 * v < 16 ? s1 - s0 - 16 * v : 16);
+        acc[v].add(load_part<S>(row + 16 * v, n));
+      }
+    }
+    const int64_t blocks = (vectors + per_block - 1) / per_block;
+    for (int64_t b = 0; b < blocks; ++b) {
+      Amax<S> m = acc[b * per_block];
+      for (int64_t v = b * per_block + 1; v < (b + 1) * per_block && v < vectors; ++v)
+        m.bits = S::imax(acc[v].bits, m.bits);
+      const float sf = scale_of(m.value(), fmt_max, a.q.round_sf);
+      store_scale(a.q.sf, br, s0 / a.block_cols + b, sf);
+      inv[b] = quant::inverse_scale(sf);
+    }
+    for (int64_t r = r_begin; r < r_end; ++r) {
+      const T* row = static_cast<const T*>(a.x) + r * a.x_stride;
+      uint8_t* out = static_cast<uint8_t*>(a.q.out) + r * a.q.out_stride;
+      for (int64_t v = 0; v < vectors; ++v) {
+        const int64_t c = s0 + 16 * v;
+        const int n = static_cast<int>(s1 - c < 16 ? s1 - c : 16);
+        store_codes<S>(a.q, out, c, S::mul(load_part<S>(row + c, n), S::set1(inv[v / per_block])),
+                       n);
+      }
+    }
+  }
+}
+
+}  // namespace quant_detail
+
+// Rows [br0 * block_rows, ...) of whole row blocks br in [br0, br1).
+template <tile::Isa I, class T>
+void block_cast_rows(const BlockCastArgs& a, int64_t br0, int64_t br1) {
+  using S = SimdOf<I>;
+  using quant_detail::load_part;
+  const float fmt_max = format_max(a.q.fmt);
+  const bool strips = a.block_cols % 16 == 0 && a.block_cols <= quant_detail::kStripCols;
+  for (int64_t br = br0; br < br1; ++br) {
+    const int64_t r_begin = br * a.block_rows;
+    const int64_t r_end = r_begin + a.block_rows < a.rows ? r_begin + a.block_rows : a.rows;
+    if (strips) {
+      quant_detail::block_cast_strips<S, T>(a, br, r_begin, r_end);
+      continue;
+    }
+    for (int64_t start = 0, kb = 0; start < a.cols; start += a.block_cols, ++kb) {
+      const int64_t end = start + a.block_cols < a.cols ? start + a.block_cols : a.cols;
+      quant_detail::Amax<S> amax;
+      for (int64_t r = r_begin; r < r_end; ++r) {
+        const T* row = static_cast<const T*>(a.x) + r * a.x_stride;
+        for (int64_t c = start; c < end; c += 16) {
+          const int n = static_cast<int>(end - c < 16 ? end - c : 16);
+          amax.add(load_part<S>(row + c, n));
+        }
+      }
+      const float sf = quant_detail::scale_of(amax.value(), fmt_max, a.q.round_sf);
+      store_scale(a.q.sf, br, kb, sf);
+      const auto inv = S::set1(quant::inverse_scale(sf));
+      for (int64_t r = r_begin; r < r_end; ++r) {
+        const T* row = static_cast<const T*>(a.x) + r * a.x_stride;
+        uint8_t* out = static_cast<uint8_t*>(a.q.out) + r * a.q.out_stride;
+        for (int64_t c = start; c < end; c += 16) {
+          const int n = static_cast<int>(end - c < 16 ? end - c : 16);
+          quant_detail::store_codes<S>(a.q, out, c, S::mul(load_part<S>(row + c, n), inv), n);
+        }
+      }
+    }
+  }
+}
+
+// per_channel_cast: blocks of block_rows rows x 1 column; row blocks [br0, br1). Uses
+// BlockCastArgs with block_cols ignored.
+template <tile::Isa I, class T>
+void channel_cast_rows(const BlockCastArgs& a, int64_t br0, int64_t br1) {
+  using S = SimdOf<I>;
+  using quant_detail::load_part;
+  alignas(64) float inv[16];
+  for (int64_t br = br0; br < br1; ++br) {
+    const int64_t r_begin = br * a.block_rows;
+    const int64_t r_end = r_begin + a.block_rows < a.rows ? r_begin + a.block_rows : a.rows;
+    for (int64_t c = 0; c < a.cols; c += 16) {
+      const int n = static_cast<int>(a.cols - c < 16 ? a.cols - c : 16);
+      auto amax = S::zero();
+      Mask16 nan = 0;  // per column here: lanes are columns
+      for (int64_t r = r_begin; r < r_end; ++r) {
+        const auto x = load_part<S>(static_cast<const T*>(a.x) + r * a.x_stride + c, n);
+        nan |= S::isnan(x);
+        amax = S::max(S::abs(x), amax);
+      }
+      for (int j = 0; j < n; ++j) {
+        const float lane_amax = (nan >> j) & 1u ? numeric::float_of(0x7FC00000u) : S::lane(amax, j);
+        const float sf = quant_detail::scale_of(lane_amax, format_max(a.q.fmt), a.q.round_sf);
+        store_scale(a.q.sf, br, c + j, sf);
+        inv[j] = quant::inverse_scale(sf);
+      }
+      const auto inv_v = S::load_n(inv, n);
+      for (int64_t r = r_begin; r < r_end; ++r) {
+        const auto x = load_part<S>(static_cast<const T*>(a.x) + r * a.x_stride + c, n);
+        uint8_t* out = static_cast<uint8_t*>(a.q.out) + r * a.q.out_stride;
+        quant_detail::store_codes<S>(a.q, out, c, S::mul(x, inv_v), n);
+      }
+    }
+  }
+}
+
+namespace quant_detail {
+
+// One row of cast_back for a format fixed at compile time; whole vectors use unmasked stores.
+template <class S, QuantFormat kFmt, class O>
+DSK_TK_INLINE void cast_back_row(const CastBackArgs& a, const uint8_t* codes, O* out, int64_t r) {
+  const auto decode = [&](int64_t c, int n) {
+    if constexpr (kFmt == QuantFormat::e4m3)
+      return S::load_e4m3_n(reinterpret_cast<const e4m3*>(codes) + c, n);
+    else
+      return S::load_e2m1_n(reinterpret_cast<const fp4x2*>(codes) + c / 2, n);
+  };
+  for (int64_t start = 0, kb = 0; start < a.cols; start += a.block_cols, ++kb) {
+    const int64_t end = start + a.block_cols < a.cols ? start + a.block_cols : a.cols;
+    const auto sf = S::set1(load_scale(a.sf, r / a.block_rows, kb));
+    int64_t c = start;
+    for (; c + 16 <= end; c += 16) S::store(out + c, S::mul(decode(c, 16), sf));
+    if (c < end) {
+      const int n = static_cast<int>(end - c);
+      S::store_n(out + c, S::mul(decode(c, n), sf), n);
+    }
+  }
+}
+
+}  // namespace quant_detail
+
+template <tile::Isa I, class O>
+void cast_back_rows(const CastBackArgs& a, int64_t r0, int64_t r1) {
+  using S = SimdOf<I>;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* codes = static_cast<const uint8_t*>(a.x) + r * a.x_stride;
+    O* out = static_cast<O*>(a.out) + r * a.out_stride;
+    if (a.fmt == QuantFormat::e4m3)
+      quant_detail::cast_back_row<S, QuantFormat::e4m3>(a, codes, out, r);
+    else
+      quant_detail::cast_back_row<S, QuantFormat::e2m1>(a, codes, out, r);
+  }
+}
+
+}  // namespace DSK_TILE_ABI
+}  // namespace dsk::tk::kernels

@@ -1,0 +1,491 @@
+// Simd<Isa>: 16-lane f32 / int32 vectors that the tk kernels are written in once, with two
+// implementations that give bitwise identical results: portable C++ (generic_t, one loop per
+// operation) and AVX-512 (avx512_t; amx_t uses it too, see tile::vector_isa_t).
+//
+// Every operation is one IEEE operation per lane, rounded to nearest even (no FMA contraction, no
+// approximate reciprocals), and the operations whose x86 semantics are not symmetric are defined
+// by them on both implementations:
+//   max(a, b) = a > b ? a : b      (VMAXPS: b when either is NaN, and b for +-0 pairs)
+//   min(a, b) = a < b ? a : b      (VMINPS)
+//   reduce_add / reduce_max combine lanes in one fixed tree: i with i+8, then i+4, i+2, i+1.
+// Narrowing stores use the rules of dsk/kernels/numeric.hpp (through tile/convert.hpp).
+//
+// Header-only; the AVX-512 implementation needs the avx512 baseline of dsk/kernels/abi.hpp.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include <dsk/kernels/numeric.hpp>
+#include <dsk/kernels/tile/convert.hpp>
+#include <dsk/kernels/tile/isa.hpp>
+
+#if DSK_TILE_HAS_AVX512
+#include <immintrin.h>
+#endif
+
+// The hot helpers of the tk kernels are always inlined, so that the compile-time shapes of AOT
+// instances reach their loops and no call goes through the shared library's PLT.
+#define DSK_TK_INLINE __attribute__((always_inline)) inline
+
+namespace dsk::tk::kernels {
+inline namespace DSK_TILE_ABI {
+
+// Lane masks: bit i is lane i.
+using Mask16 = uint32_t;
+
+inline constexpr Mask16 first_lanes(int n) {
+  return n >= 16 ? 0xFFFFu : ((1u << n) - 1u);
+}
+
+template <class I>
+struct Simd;
+
+// ---------------------------------------------------------------------------------------------
+// Portable C++.
+template <>
+struct Simd<tile::generic_t> {
+  struct F {
+    float v[16];
+  };
+  struct I32 {
+    int32_t v[16];
+  };
+
+  // ---- f32: construction, loads and stores (T is float, bf16 or f16) ----
+  static F set1(float x) {
+    F r;
+    for (int i = 0; i < 16; ++i) r.v[i] = x;
+    return r;
+  }
+  static F zero() { return set1(0.0f); }
+
+  template <class T>
+  static float widen(T x) {
+    if constexpr (std::is_same_v<T, float>)
+      return x;
+    else
+      return tile::convert_scalar<float>(x);
+  }
+  template <class T>
+  static T narrow(float x) {
+    if constexpr (std::is_same_v<T, float>)
+      return x;
+    else
+      return tile::convert_scalar<T>(x);
+  }
+
+  template <class T>
+  static F load(const T* p) {
+    F r;
+    for (int i = 0; i < 16; ++i) r.v[i] = widen(p[i]);
+    return r;
+  }
+  // The first n (0..16) values; the other lanes read 0.
+  template <class T>
+  static F load_n(const T* p, int n) {
+    F r = zero();
+    for (int i = 0; i < n; ++i) r.v[i] = widen(p[i]);
+    return r;
+  }
+  template <class T>
+  static void store(T* p, F x) {
+    for (int i = 0; i < 16; ++i) p[i] = narrow<T>(x.v[i]);
+  }
+  template <class T>
+  static void store_n(T* p, F x, int n) {
+    for (int i = 0; i < n; ++i) p[i] = narrow<T>(x.v[i]);
+  }
+  // 16 e4m3 codes (saturating, RNE).
+  static void store_e4m3(e4m3* p, F x) { store_e4m3_n(p, x, 16); }
+  static void store_e4m3_n(e4m3* p, F x, int n) {
+    for (int i = 0; i < n; ++i) p[i] = numeric::f32_to_e4m3(x.v[i]);
+  }
+  // 16 e2m1 codes packed into 8 bytes; n (even) values, n / 2 bytes.
+  static void store_e2m1(fp4x2* p, F x) { store_e2m1_n(p, x, 16); }
+  static void store_e2m1_n(fp4x2* p, F x, int n) {
+    for (int i = 0; i < n / 2; ++i)
+      p[i] = numeric::pack_e2m1(numeric::f32_to_e2m1(x.v[2 * i]),
+                                numeric::f32_to_e2m1(x.v[2 * i + 1]));
+  }
+  // 16 e4m3 codes (n of them) widened to f32.
+  static F load_e4m3_n(const e4m3* p, int n) {
+    F r = zero();
+    for (int i = 0; i < n; ++i) r.v[i] = numeric::e4m3_to_f32(p[i]);
+    return r;
+  }
+  // n (even) e2m1 values from n / 2 bytes.
+  static F load_e2m1_n(const fp4x2* p, int n) {
+    F r = zero();
+    for (int i = 0; i < n / 2; ++i) {
+      r.v[2 * i] = numeric::e2m1_to_f32(numeric::e2m1_low(p[i]));
+      r.v[2 * i + 1] = numeric::e2m1_to_f32(numeric::e2m1_high(p[i]));
+    }
+    return r;
+  }
+
+  // ---- f32 arithmetic ----
+  template <class Op>
+  static F map(F a, F b, Op op) {
+    F r;
+    for (int i = 0; i < 16; ++i) r.v[i] = op(a.v[i], b.v[i]);
+    return r;
+  }
+  static F add(F a, F b) {
+    return map(a, b, [](float x, float y) { return x + y; });
+  }
+  static F sub(F a, F b) {
+    return map(a, b, [](float x, float y) { return x - y; });
+  }
+  static F mul(F a, F b) {
+    return map(a, b, [](float x, float y) { return x * y; });
+  }
+  static F div(F a, F b) {
+    return map(a, b, [](float x, float y) { return x / y; });
+  }
+  static F max(F a, F b) {
+    return map(a, b, [](float x, float y) { return x > y ? x : y; });
+  }
+  static F min(F a, F b) {
+    return map(a, b, [](float x, float y) { return x < y ? x : y; });
+  }
+  static F abs(F a) {
+    F r;
+    for (int i = 0; i < 16; ++i) r.v[i] = numeric::float_of(numeric::bits_of(a.v[i]) & 0x7FFFFFFFu);
+    return r;
+  }
+  static F sqrt(F a) {
+    F r;
+    for (int i = 0; i < 16; ++i) r.v[i] = std::sqrt(a.v[i]);
+    return r;
+  }
+  // Round to the nearest integer, ties to even (the default rounding mode).
+  static F round(F a) {
+    F r;
+    for (int i = 0; i < 16; ++i) r.v[i] = std::nearbyint(a.v[i]);
+    return r;
+  }
+
+  // ---- f32 comparisons (ordered: false when either lane is NaN) and selection ----
+  template <class Op>
+  static Mask16 compare(F a, F b, Op op) {
+    Mask16 m = 0;
+    for (int i = 0; i < 16; ++i) m |= op(a.v[i], b.v[i]) ? (1u << i) : 0u;
+    return m;
+  }
+  static Mask16 lt(F a, F b) {
+    return compare(a, b, [](float x, float y) { return x < y; });
+  }
+  static Mask16 gt(F a, F b) {
+    return compare(a, b, [](float x, float y) { return x > y; });
+  }
+  static Mask16 eq(F a, F b) {
+    return compare(a, b, [](float x, float y) { return x == y; });
+  }
+  static Mask16 isnan(F a) {
+    return compare(a, a, [](float x, float y) { return x != y; });
+  }
+  // m ? a : b per lane.
+  static F select(Mask16 m, F a, F b) {
+    F r;
+    for (int i = 0; i < 16; ++i) r.v[i] = (m >> i) & 1u ? a.v[i] : b.v[i];
+    return r;
+  }
+
+  // ---- horizontal reductions in the fixed tree ----
+  template <class Op>
+  static float reduce(F a, Op op) {
+    for (int width = 8; width >= 1; width /= 2)
+      for (int i = 0; i < width; ++i) a.v[i] = op(a.v[i], a.v[i + width]);
+    return a.v[0];
+  }
+  static float reduce_add(F a) {
+    return reduce(a, [](float x, float y) { return x + y; });
+  }
+  static float reduce_max(F a) {
+    return reduce(a, [](float x, float y) { return x > y ? x : y; });
+  }
+  static float lane(F a, int i) { return a.v[i]; }
+
+  // ---- int32 ----
+  static I32 bits(F a) {
+    I32 r;
+    std::memcpy(r.v, a.v, sizeof r.v);
+    return r;
+  }
+  static F from_bits(I32 a) {
+    F r;
+    std::memcpy(r.v, a.v, sizeof r.v);
+    return r;
+  }
+  static I32 iset1(int32_t x) {
+    I32 r;
+    for (int i = 0; i < 16; ++i) r.v[i] = x;
+    return r;
+  }
+  static I32 iload(const int32_t* p) {
+    I32 r;
+    std::memcpy(r.v, p, sizeof r.v);
+    return r;
+  }
+  static void istore(int32_t* p, I32 a) { std::memcpy(p, a.v, sizeof a.v); }
+  // Arithmetic wraps around (done in uint32, where wrapping is defined).
+  static I32 iadd(I32 a, I32 b) {
+    I32 r;
+    for (int i = 0; i < 16; ++i)
+      r.v[i] = static_cast<int32_t>(static_cast<uint32_t>(a.v[i]) + static_cast<uint32_t>(b.v[i]));
+    return r;
+  }
+  static I32 isub(I32 a, I32 b) {
+    I32 r;
+    for (int i = 0; i < 16; ++i)
+      r.v[i] = static_cast<int32_t>(static_cast<uint32_t>(a.v[i]) - static_cast<uint32_t>(b.v[i]));
+    return r;
+  }
+  static I32 ixor(I32 a, I32 b) {
+    I32 r;
+    for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] ^ b.v[i];
+    return r;
+  }
+  static I32 iand(I32 a, I32 b) {
+    I32 r;
+    for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] & b.v[i];
+    return r;
+  }
+  static I32 imax(I32 a, I32 b) {
+    I32 r;
+    for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i];
+    return r;
+  }
+  // Shifts of the raw bits: left, and arithmetic right.
+  template <int kShift>
+  static I32 shl(I32 a) {
+    I32 r;
+    for (int i = 0; i < 16; ++i)
+      r.v[i] = static_cast<int32_t>(static_cast<uint32_t>(a.v[i]) << kShift);
+    return r;
+  }
+  template <int kShift>
+  static I32 sra(I32 a) {
+    I32 r;
+    for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] >> kShift;
+    return r;
+  }
+  static Mask16 ieq(I32 a, I32 b) {
+    Mask16 m = 0;
+    for (int i = 0; i < 16; ++i) m |= a.v[i] == b.v[i] ? (1u << i) : 0u;
+    return m;
+  }
+  static Mask16 ilt(I32 a, I32 b) {
+    Mask16 m = 0;
+    for (int i = 0; i < 16; ++i) m |= a.v[i] < b.v[i] ? (1u << i) : 0u;
+    return m;
+  }
+  static I32 iselect(Mask16 m, I32 a, I32 b) {
+    I32 r;
+    for (int i = 0; i < 16; ++i) r.v[i] = (m >> i) & 1u ? a.v[i] : b.v[i];
+    return r;
+  }
+  static int32_t ireduce_max(I32 a) {
+    for (int width = 8; width >= 1; width /= 2)
+      for (int i = 0; i < width; ++i) a.v[i] = a.v[i] > a.v[i + width] ? a.v[i] : a.v[i + width];
+    return a.v[0];
+  }
+  // f32 lanes that hold integers in int32 range -> int32, and back.
+  static I32 to_int(F a) {
+    I32 r;
+    for (int i = 0; i < 16; ++i) r.v[i] = static_cast<int32_t>(a.v[i]);
+    return r;
+  }
+  static F to_float(I32 a) {
+    F r;
+    for (int i = 0; i < 16; ++i) r.v[i] = static_cast<float>(a.v[i]);
+    return r;
+  }
+
+  // Lane i of the result is lane (i ^ kStride) of a: the partner of a butterfly.
+  template <int kStride>
+  static F swap_lanes(F a) {
+    F r;
+    for (int i = 0; i < 16; ++i) r.v[i] = a.v[i ^ kStride];
+    return r;
+  }
+};
+
+DSK_SILENCE_GCC_BUG_105593_BEGIN  // see dsk/kernels/abi.hpp
+#if DSK_TILE_HAS_AVX512
+
+// ---------------------------------------------------------------------------------------------
+// AVX-512.
+template <>
+struct Simd<tile::avx512_t> {
+  using F = __m512;
+  using I32 = __m512i;
+
+  static F set1(float x) { return _mm512_set1_ps(x); }
+  static F zero() { return _mm512_setzero_ps(); }
+
+  template <class T>
+  static F load(const T* p) {
+    if constexpr (std::is_same_v<T, float>)
+      return _mm512_loadu_ps(p);
+    else if constexpr (std::is_same_v<T, bf16>)
+      return tile::bf16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    else
+      return tile::f16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  template <class T>
+  static F load_n(const T* p, int n) {
+    const __mmask16 m = static_cast<__mmask16>(first_lanes(n));
+    if constexpr (std::is_same_v<T, float>)
+      return _mm512_maskz_loadu_ps(m, p);
+    else if constexpr (std::is_same_v<T, bf16>)
+      return tile::bf16x16_to_f32(_mm256_maskz_loadu_epi16(m, p));
+    else
+      return tile::f16x16_to_f32(_mm256_maskz_loadu_epi16(m, p));
+  }
+  template <class T>
+  static void store(T* p, F x) {
+    if constexpr (std::is_same_v<T, float>)
+      _mm512_storeu_ps(p, x);
+    else if constexpr (std::is_same_v<T, bf16>)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), tile::f32x16_to_bf16(x));
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), tile::f32x16_to_f16(x));
+  }
+  template <class T>
+  static void store_n(T* p, F x, int n) {
+    const __mmask16 m = static_cast<__mmask16>(first_lanes(n));
+    if constexpr (std::is_same_v<T, float>)
+      _mm512_mask_storeu_ps(p, m, x);
+    else if constexpr (std::is_same_v<T, bf16>)
+      _mm256_mask_storeu_epi16(p, m, tile::f32x16_to_bf16(x));
+    else
+      _mm256_mask_storeu_epi16(p, m, tile::f32x16_to_f16(x));
+  }
+  static void store_e4m3(e4m3* p, F x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), tile::f32x16_to_e4m3(x));
+  }
+  static void store_e4m3_n(e4m3* p, F x, int n) {
+    _mm_mask_storeu_epi8(p, static_cast<__mmask16>(first_lanes(n)), tile::f32x16_to_e4m3(x));
+  }
+  static void store_e2m1(fp4x2* p, F x) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), tile::f32x16_to_e2m1(x));
+  }
+  static void store_e2m1_n(fp4x2* p, F x, int n) {
+    _mm_mask_storeu_epi8(p, static_cast<__mmask16>(first_lanes(n / 2)), tile::f32x16_to_e2m1(x));
+  }
+  static F load_e4m3_n(const e4m3* p, int n) {
+    return tile::e4m3x16_to_f32(_mm_maskz_loadu_epi8(static_cast<__mmask16>(first_lanes(n)), p));
+  }
+  static F load_e2m1_n(const fp4x2* p, int n) {
+    const __m512 v =
+        tile::e2m1x16_to_f32(_mm_maskz_loadu_epi8(static_cast<__mmask16>(first_lanes(n / 2)), p));
+    return _mm512_maskz_mov_ps(static_cast<__mmask16>(first_lanes(n)), v);
+  }
+
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F min(F a, F b) { return _mm512_min_ps(a, b); }
+  static F abs(F a) { return _mm512_abs_ps(a); }
+  static F sqrt(F a) { return _mm512_sqrt_ps(a); }
+  static F round(F a) {
+    return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+
+  static Mask16 lt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+  static Mask16 gt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
+  static Mask16 eq(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
+  static Mask16 isnan(F a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
+  static F select(Mask16 m, F a, F b) {
+    return _mm512_mask_blend_ps(static_cast<__mmask16>(m), b, a);
+  }
+
+  // Lanes i and i + 8, then i + 4, i + 2, i + 1, as the generic tree does.
+  template <class Op>
+  static float reduce(F a, Op op) {
+    __m256 h = op(_mm512_castps512_ps256(a),
+                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    __m128 q = op(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = op(q, _mm_movehl_ps(q, q));
+    q = op(q, _mm_shuffle_ps(q, q, 0x55));
+    return _mm_cvtss_f32(q);
+  }
+  struct AddOp {
+    __m256 operator()(__m256 a, __m256 b) const { return _mm256_add_ps(a, b); }
+    __m128 operator()(__m128 a, __m128 b) const { return _mm_add_ps(a, b); }
+  };
+  struct MaxOp {
+    __m256 operator()(__m256 a, __m256 b) const { return _mm256_max_ps(a, b); }
+    __m128 operator()(__m128 a, __m128 b) const { return _mm_max_ps(a, b); }
+  };
+  static float reduce_add(F a) { return reduce(a, AddOp{}); }
+  static float reduce_max(F a) { return reduce(a, MaxOp{}); }
+  static float lane(F a, int i) {
+    alignas(64) float v[16];
+    _mm512_store_ps(v, a);
+    return v[i];
+  }
+
+  static I32 bits(F a) { return _mm512_castps_si512(a); }
+  static F from_bits(I32 a) { return _mm512_castsi512_ps(a); }
+  static I32 iset1(int32_t x) { return _mm512_set1_epi32(x); }
+  static I32 iload(const int32_t* p) { return _mm512_loadu_si512(p); }
+  static void istore(int32_t* p, I32 a) { _mm512_storeu_si512(p, a); }
+  static I32 iadd(I32 a, I32 b) { return _mm512_add_epi32(a, b); }
+  static I32 isub(I32 a, I32 b) { return _mm512_sub_epi32(a, b); }
+  static I32 ixor(I32 a, I32 b) { return _mm512_xor_si512(a, b); }
+  static I32 iand(I32 a, I32 b) { return _mm512_and_si512(a, b); }
+  static I32 imax(I32 a, I32 b) { return _mm512_max_epi32(a, b); }
+  template <int kShift>
+  static I32 shl(I32 a) {
+    return _mm512_slli_epi32(a, kShift);
+  }
+  template <int kShift>
+  static I32 sra(I32 a) {
+    return _mm512_srai_epi32(a, kShift);
+  }
+  static Mask16 ieq(I32 a, I32 b) { return _mm512_cmpeq_epi32_mask(a, b); }
+  static Mask16 ilt(I32 a, I32 b) { return _mm512_cmplt_epi32_mask(a, b); }
+  static I32 iselect(Mask16 m, I32 a, I32 b) {
+    return _mm512_mask_blend_epi32(static_cast<__mmask16>(m), b, a);
+  }
+  static int32_t ireduce_max(I32 a) {
+    __m256i h = _mm256_max_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
+    __m128i q = _mm_max_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    q = _mm_max_epi32(q, _mm_unpackhi_epi64(q, q));
+    q = _mm_max_epi32(q, _mm_shuffle_epi32(q, 0x55));
+    return _mm_cvtsi128_si32(q);
+  }
+  // Exact for integral lanes, so the rounding mode does not matter.
+  static I32 to_int(F a) { return _mm512_cvtps_epi32(a); }
+  static F to_float(I32 a) { return _mm512_cvtepi32_ps(a); }
+
+  template <int kStride>
+  static F swap_lanes(F a) {
+    if constexpr (kStride == 1)
+      return _mm512_permute_ps(a, 0xB1);  // (1, 0, 3, 2) in each 128-bit lane
+    else if constexpr (kStride == 2)
+      return _mm512_permute_ps(a, 0x4E);  // (2, 3, 0, 1)
+    else if constexpr (kStride == 4)
+      return _mm512_shuffle_f32x4(a, a, 0xB1);  // 128-bit lanes (1, 0, 3, 2)
+    else
+      return _mm512_shuffle_f32x4(a, a, 0x4E);  // 128-bit lanes (2, 3, 0, 1)
+  }
+};
+
+#endif  // DSK_TILE_HAS_AVX512
+
+// The implementation an ISA tag uses: amx kernels run their vector code on AVX-512.
+template <tile::Isa I>
+using SimdOf = Simd<tile::vector_isa_t<I>>;
+
+}  // namespace DSK_TILE_ABI
+}  // namespace dsk::tk::kernels
+
+DSK_SILENCE_GCC_BUG_105593_END

@@ -1,0 +1,95 @@
+// The elementary functions of the tk kernels (dsk/kernels/tk/math.hpp) against fp64: error in
+// units in the last place over the f32 range, and IEEE special values. The generic Simd is
+// checked here; the AVX-512 one gives the same bits (the per-op backend tests compare them).
+#include <cmath>
+#include <limits>
+
+#include <dsk/kernels/tk/math.hpp>
+
+#include "tk/tk_test.hpp"
+
+namespace dsk::tk::kernels {
+namespace {
+
+using S = Simd<tile::generic_t>;
+
+// Distance in representable f32 values between a result and the correctly rounded fp64 value.
+double ulps(float got, double want) {
+  const float w = static_cast<float>(want);
+  if (got == w) return 0;
+  if (std::isinf(w)) return std::isinf(got) && (got > 0) == (w > 0) ? 0 : 1e9;
+  const float step = std::fabs(std::nextafter(w, std::numeric_limits<float>::infinity()) - w);
+  return std::fabs(static_cast<double>(got) - want) / step;
+}
+
+template <class Fn, class Ref>
+double max_ulps(Fn fn, Ref ref, float lo, float hi, int count) {
+  double worst = 0;
+  for (int i = 0; i < count; i += 16) {
+    alignas(64) float in[16], out[16];
+    for (int j = 0; j < 16; ++j) in[j] = lo + (hi - lo) * static_cast<float>(i + j) / count;
+    S::store(out, fn(S::load(in)));
+    for (int j = 0; j < 16; ++j) worst = std::max(worst, ulps(out[j], ref(in[j])));
+  }
+  return worst;
+}
+
+TEST(TkMath, ExpIsWithinTwoUlps) {
+  EXPECT_LE(max_ulps(
+                exp<S>, [](double x) { return std::exp(x); }, -87.0f, 88.7f, 1 << 18),
+            2.0);
+  EXPECT_LE(max_ulps(
+                exp<S>, [](double x) { return std::exp(x); }, -1.0f, 1.0f, 1 << 16),
+            2.0);
+}
+
+TEST(TkMath, LogIsWithinTwoUlps) {
+  EXPECT_LE(max_ulps(
+                log<S>, [](double x) { return std::log(x); }, 1e-30f, 10.0f, 1 << 18),
+            2.0);
+  EXPECT_LE(max_ulps(
+                log<S>, [](double x) { return std::log(x); }, 0.5f, 2.0f, 1 << 16),
+            2.0);
+  EXPECT_LE(max_ulps(
+                log<S>, [](double x) { return std::log(x); }, 1e30f, 3e38f, 1 << 14),
+            2.0);
+}
+
+TEST(TkMath, ActivationsAreAccurate) {
+  const auto sigmoid_ref = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
+  EXPECT_LE(max_ulps(sigmoid<S>, sigmoid_ref, -80.0f, 80.0f, 1 << 17), 3.0);
+  const auto silu_ref = [](double x) { return x / (1.0 + std::exp(-x)); };
+  EXPECT_LE(max_ulps(silu<S>, silu_ref, -80.0f, 80.0f, 1 << 17), 3.0);
+  const auto softplus_ref = [](double x) { return x > 20 ? x : std::log1p(std::exp(x)); };
+  EXPECT_LE(max_ulps(softplus<S>, softplus_ref, -80.0f, 40.0f, 1 << 17), 4.0);
+}
+
+TEST(TkMath, SpecialValues) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  alignas(64) float in[16] = {0.0f,   -0.0f,   inf,  -inf,  NAN,    100.0f, -200.0f, 88.8f,
+                              1e-45f, -1e-45f, 1.0f, -1.0f, 1e-38f, 0.5f,   2.0f,    3.0f};
+  alignas(64) float e[16], l[16], s[16];
+  S::store(e, exp<S>(S::load(in)));
+  S::store(l, log<S>(S::load(in)));
+  S::store(s, sigmoid<S>(S::load(in)));
+  EXPECT_EQ(e[0], 1.0f);
+  EXPECT_EQ(e[2], inf);
+  EXPECT_EQ(e[3], 0.0f);
+  EXPECT_TRUE(std::isnan(e[4]));
+  EXPECT_EQ(e[5], inf);
+  EXPECT_EQ(e[6], 0.0f);
+  EXPECT_EQ(e[7], inf);
+  EXPECT_EQ(l[0], -inf);
+  EXPECT_EQ(l[2], inf);
+  EXPECT_TRUE(std::isnan(l[3]));
+  EXPECT_TRUE(std::isnan(l[4]));
+  EXPECT_NEAR(l[8], std::log(static_cast<double>(1e-45f)), 1e-5);  // subnormal input
+  EXPECT_TRUE(std::isnan(l[9]));
+  EXPECT_EQ(l[10], 0.0f);
+  EXPECT_EQ(s[2], 1.0f);
+  EXPECT_EQ(s[3], 0.0f);
+  EXPECT_EQ(s[0], 0.5f);
+}
+
+}  // namespace
+}  // namespace dsk::tk::kernels

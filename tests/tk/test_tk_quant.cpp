@@ -1,0 +1,254 @@
+// dsk::tk quantisation: per-token / per-block / per-channel casts bit-exact against dsk::ref::tk
+// and dsk::gemm's reference quantizers in every scale layout, non-finite inputs, the fused SwiGLU
+// and RMSNorm casts (bit-identical to unfused-then-cast), and the cast back.
+#include <cmath>
+#include <limits>
+
+#include "tk/tk_test.hpp"
+
+namespace dsk::tk {
+namespace {
+
+using test::bitwise_equal;
+using test::fresh_seed;
+
+int64_t blocks_of(int64_t n, int64_t g) {
+  return (n + g - 1) / g;
+}
+
+// Codes and scales (in whatever layout) equal to the reference's.
+::testing::AssertionResult same_cast(const QuantTensor& got, const QuantTensor& want,
+                                     int64_t scale_rows, int64_t blocks) {
+  if (auto r = bitwise_equal(got.data, want.data); !r) return r << " (codes)";
+  if (auto r = bitwise_equal(test::scales_of(got, scale_rows, blocks), want.sf); !r)
+    return r << " (scales)";
+  return ::testing::AssertionSuccess();
+}
+
+// The layout each flag combination promises.
+void expect_layout(const QuantTensor& q, int64_t rows, int64_t blocks, bool col_major,
+                   bool packed) {
+  const int64_t cols = packed ? blocks_of(blocks, 4) : blocks;
+  ASSERT_EQ(q.sf.sizes(), (Shape{rows, cols}));
+  EXPECT_EQ(q.sf.dtype(), packed ? DType::i32 : DType::f32);
+  if (col_major) {
+    EXPECT_EQ(q.sf.stride(0), 1);
+    EXPECT_EQ(q.sf.stride(1), (rows + 3) / 4 * 4);
+  } else {
+    EXPECT_EQ(q.sf.stride(0), cols);
+  }
+  if (packed && blocks % 4 != 0)  // unused exponent bytes hold 1.0
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto word = static_cast<uint32_t>(q.sf.at<int32_t>({r, cols - 1}));
+      for (int64_t b = blocks % 4; b < 4; ++b) EXPECT_EQ((word >> (8 * b)) & 0xFF, 127u);
+    }
+}
+
+struct Layout {
+  bool col_major, round_sf, packed;
+};
+constexpr Layout kLayouts[] = {{false, false, false},
+                               {false, true, false},
+                               {true, true, false},
+                               {false, true, true},
+                               {true, true, true}};
+
+using Quant = test::PerBackend;
+
+TEST_P(Quant, PerTokenCastMatchesTheReferenceInEveryLayout) {
+  for (int64_t hidden : {7168, 2048, 512, 128})
+    for (int64_t tokens : {1, 7, 4096}) {
+      if (tokens * hidden > (int64_t{1} << 21)) continue;  // keeps the fp64 reference quick
+      for (DType dtype : {DType::bf16, DType::f32})
+        for (std::string_view fmt : {"e4m3", "e2m1"})
+          for (int g : {128, 32, static_cast<int>(hidden)})
+            for (const Layout& l : kLayouts) {
+              if (fmt == "e2m1" && g != 32 && !l.round_sf) continue;
+              // Large shapes: bf16 in, the plain and the GEMM-ready layouts only (keeps the test
+              // quick).
+              if (tokens == 4096 &&
+                  (dtype != DType::bf16 || (&l != &kLayouts[0] && &l != &kLayouts[4])))
+                continue;
+              const uint64_t seed = fresh_seed();
+              const Tensor x = ref::randn({tokens, hidden}, dtype, seed, 0.0f, 3.0f);
+              const QuantTensor got = per_token_cast(x, fmt, g, l.col_major, l.round_sf, l.packed);
+              SCOPED_TRACE(::testing::Message() << tokens << "x" << hidden << " " << dtype << " "
+                                                << fmt << " g=" << g << " col_major " << l.col_major
+                                                << " packed " << l.packed << " seed " << seed);
+              expect_layout(got, tokens, blocks_of(hidden, g), l.col_major, l.packed);
+              EXPECT_TRUE(same_cast(got, ref::tk::per_token_cast(x, fmt, g, l.round_sf), tokens,
+                                    blocks_of(hidden, g)));
+            }
+    }
+}
+
+TEST_P(Quant, PerTokenCastIsDeepGemmsQuantizer) {
+  for (int64_t hidden : {7168, 200}) {  // 200: a partial last block
+    const uint64_t seed = fresh_seed();
+    const Tensor x = ref::randn({33, hidden}, DType::bf16, seed, 0.0f, 2.0f);
+    for (bool ue8m0 : {false, true}) {
+      const gemm::Fp8Tensor want = gemm::per_token_cast_to_fp8(x, ue8m0, 128, ue8m0);
+      const QuantTensor got = per_token_cast(x, "e4m3", 128, false, ue8m0, ue8m0);
+      EXPECT_TRUE(bitwise_equal(got.data, want.data)) << hidden << " seed " << seed;
+      EXPECT_TRUE(bitwise_equal(got.sf, want.sf)) << hidden << " seed " << seed;
+      const gemm::Fp8Tensor want4 = gemm::per_token_cast_to_fp4(x, ue8m0, 32, ue8m0);
+      const QuantTensor got4 = per_token_cast(x, "e2m1", 32, false, ue8m0, ue8m0);
+      EXPECT_TRUE(bitwise_equal(got4.data, want4.data)) << hidden << " seed " << seed;
+      EXPECT_TRUE(bitwise_equal(got4.sf, want4.sf)) << hidden << " seed " << seed;
+    }
+  }
+}
+
+TEST_P(Quant, NonFiniteValuesFollowTheReference) {
+  const Tensor clean = ref::randn({4, 512}, DType::f32, fresh_seed());
+  Tensor x = clean.clone();
+  x.at<float>({0, 5}) = NAN;
+  x.at<float>({1, 130}) = std::numeric_limits<float>::infinity();
+  x.at<float>({2, 300}) = -std::numeric_limits<float>::infinity();
+  for (bool round_sf : {false, true}) {
+    for (std::string_view fmt : {"e4m3", "e2m1"}) {
+      const QuantTensor got = per_token_cast(x, fmt, 128, false, round_sf);
+      EXPECT_TRUE(same_cast(got, ref::tk::per_token_cast(x, fmt, 128, round_sf), 4, 4))
+          << fmt << " round_sf " << round_sf;
+    }
+    const gemm::Fp8Tensor want = gemm::per_token_cast_to_fp8(x, round_sf);
+    const QuantTensor got = per_token_cast(x, "e4m3", 128, false, round_sf);
+    EXPECT_TRUE(bitwise_equal(got.data, want.data));
+    // NaN sf compares unequal to itself; compare bits.
+    EXPECT_TRUE(bitwise_equal(got.sf, want.sf));
+  }
+  // The other blocks are untouched by their neighbours' specials.
+  const QuantTensor a = per_token_cast(x, "e4m3", 128), b = per_token_cast(clean, "e4m3", 128);
+  EXPECT_EQ(a.sf.at<float>({0, 1}), b.sf.at<float>({0, 1}));
+  EXPECT_TRUE(std::isnan(a.sf.at<float>({0, 0})));
+  EXPECT_TRUE(std::isinf(a.sf.at<float>({1, 1})));
+}
+
+TEST_P(Quant, PerBlockAndPerChannelCasts) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{256, 512}, {300, 200}, {1, 7168}}) {
+    const uint64_t seed = fresh_seed();
+    const Tensor x = ref::randn({rows, cols}, DType::bf16, seed, 0.0f, 2.0f);
+    SCOPED_TRACE(::testing::Message() << rows << "x" << cols << " seed " << seed);
+    for (BlockSize bs : {BlockSize{128, 128}, BlockSize{32, 32}})
+      for (std::string_view fmt : {"e4m3", "e2m1"})
+        for (const Layout& l : kLayouts) {
+          const QuantTensor got = per_block_cast(x, fmt, bs, l.col_major, l.round_sf, l.packed);
+          const int64_t br = blocks_of(rows, bs.first), bc = blocks_of(cols, bs.second);
+          expect_layout(got, br, bc, l.col_major, l.packed);
+          EXPECT_TRUE(same_cast(got, ref::tk::per_block_cast(x, fmt, bs, l.round_sf), br, bc));
+        }
+    for (bool round_sf : {false, true}) {
+      const gemm::Fp8Tensor want = gemm::per_block_cast_to_fp8(x, round_sf);
+      const QuantTensor got = per_block_cast(x, "e4m3", {128, 128}, false, round_sf);
+      EXPECT_TRUE(bitwise_equal(got.data, want.data));
+      EXPECT_TRUE(bitwise_equal(got.sf, want.sf));
+      const QuantTensor ch = per_channel_cast(x, "e4m3", 128, round_sf);
+      EXPECT_TRUE(same_cast(ch, ref::tk::per_channel_cast(x, "e4m3", 128, round_sf),
+                            blocks_of(rows, 128), cols));
+      if (rows % 128 == 0) {
+        const gemm::Fp8Tensor wc = gemm::per_channel_cast_to_fp8(x, round_sf);
+        EXPECT_TRUE(bitwise_equal(ch.data, wc.data));
+        EXPECT_TRUE(bitwise_equal(ch.sf, wc.sf));
+      }
+    }
+  }
+}
+
+TEST_P(Quant, CastBackDequantizesEveryLayout) {
+  const uint64_t seed = fresh_seed();
+  const Tensor x = ref::randn({77, 7168}, DType::bf16, seed);
+  for (std::string_view fmt : {"e4m3", "e2m1"})
+    for (const Layout& l : kLayouts) {
+      const int g = fmt == "e2m1" ? 32 : 128;
+      const QuantTensor q = per_token_cast(x, fmt, g, l.col_major, l.round_sf, l.packed);
+      const Tensor want = ref::tk::cast_back(q, {1, g});
+      EXPECT_TRUE(bitwise_equal(cast_back(q, "fp32", {1, g}), want)) << fmt << " seed " << seed;
+      const Tensor bf = cast_back(q, "bf16", {1, g});
+      EXPECT_LT(ref::calc_diff(bf, want), 1e-5);
+      // The round trip is as close as the format allows.
+      EXPECT_LT(ref::calc_diff(want, x), fmt == "e4m3" ? 1e-3 : 2e-2);
+    }
+  const QuantTensor blocks = per_block_cast(x, "e4m3", {32, 32}, true, true, true);
+  EXPECT_TRUE(
+      bitwise_equal(cast_back(blocks, "fp32", {32, 32}), ref::tk::cast_back(blocks, {32, 32})));
+}
+
+// ---- fused casts ----
+
+TEST_P(Quant, SwigluCastIsSwigluThenCast) {
+  for (int64_t hidden : {2048, 512, 128})
+    for (int64_t rows : {1, 7, 1024}) {
+      const uint64_t seed = fresh_seed();
+      const Tensor x = ref::randn({rows, 2 * hidden}, DType::bf16, seed, 0.0f, 2.0f);
+      const Tensor experts = ref::randint({rows}, DType::i32, seed + 1, -1, 4);
+      const Tensor slots = ref::randint({rows}, DType::i32, seed + 2, -1, 3 * rows);
+      const Tensor weights = ref::randn({rows, 3}, DType::f32, seed + 3);
+      for (std::optional<float> clamp : {std::optional<float>{}, {0.5f}, {10.0f}})
+        for (int options = 0; options < 3; ++options) {
+          if (rows == 1024 && clamp != 10.0f) continue;  // keeps the test quick
+          const auto pos_to_expert = options >= 1 ? std::optional<Tensor>(experts) : std::nullopt;
+          const auto pos = options == 2 ? std::optional<Tensor>(slots) : std::nullopt;
+          const auto w = options == 2 ? std::optional<Tensor>(weights) : std::nullopt;
+          SCOPED_TRACE(::testing::Message()
+                       << rows << "x" << hidden << " clamp " << clamp.value_or(0) << " options "
+                       << options << " seed " << seed);
+          const Tensor y = swiglu_forward(x, pos_to_expert, clamp, pos, w);
+          EXPECT_LT(ref::calc_diff(y, ref::tk::swiglu_forward(x, pos_to_expert, clamp, pos, w)),
+                    1e-12);
+          for (const Layout& l : {kLayouts[0], kLayouts[4]}) {
+            const QuantTensor fused = swiglu_forward_and_per_token_cast(
+                x, "e4m3", 128, pos_to_expert, clamp, pos, w, l.col_major, l.round_sf, l.packed);
+            const QuantTensor unfused =
+                per_token_cast(y, "e4m3", 128, l.col_major, l.round_sf, l.packed);
+            EXPECT_TRUE(bitwise_equal(fused.data, unfused.data));
+            EXPECT_TRUE(bitwise_equal(fused.sf, unfused.sf));
+          }
+        }
+    }
+}
+
+TEST_P(Quant, RmsnormCastIsRmsnormThenCast) {
+  for (int64_t hidden : {7168, 2048, 512, 128})
+    for (int64_t rows : {1, 7, 4096}) {
+      if (rows * hidden > (int64_t{1} << 21)) continue;
+      const uint64_t seed = fresh_seed();
+      const Tensor x = ref::randn({rows, hidden}, DType::bf16, seed);
+      const Tensor w = ref::randn({hidden}, DType::f32, seed + 1, 1.0f, 0.2f);
+      SCOPED_TRACE(::testing::Message() << rows << "x" << hidden << " seed " << seed);
+      const Tensor y = rms_norm(x, w, 1e-6f, DType::f32);
+      for (int g : {128, static_cast<int>(hidden)})
+        for (const Layout& l : {kLayouts[0], kLayouts[1], kLayouts[4]}) {
+          if (l.col_major && g == hidden) continue;
+          const QuantTensor fused = rmsnorm_forward_and_per_token_cast(
+              x, w, 1e-6f, "e4m3", g, l.col_major, l.round_sf, l.packed);
+          const QuantTensor unfused =
+              per_token_cast(y, "e4m3", g, l.col_major, l.round_sf, l.packed);
+          EXPECT_TRUE(bitwise_equal(fused.data, unfused.data));
+          EXPECT_TRUE(bitwise_equal(fused.sf, unfused.sf));
+        }
+      // And close to the fp64 reference once dequantized.
+      const QuantTensor q = rmsnorm_forward_and_per_token_cast(x, w, 1e-6f, "e4m3", 128);
+      EXPECT_LT(ref::calc_diff(cast_back(q, "fp32", {1, 128}), ref::tk::rms_norm(x, w)), 1e-3);
+    }
+}
+
+DSK_TK_INSTANTIATE_PER_BACKEND(Quant);
+
+TEST(QuantBackends, AreBitwiseIdentical) {
+  const uint64_t seed = fresh_seed();
+  const Tensor x = ref::randn({64, 2 * 1536}, DType::bf16, seed, 0.0f, 3.0f);
+  const Tensor w = ref::randn({1536}, DType::bf16, seed + 1);
+  std::vector<Tensor> outs;
+  for (Backend b : dsk::test::supported_backends()) {
+    dsk::test::ScopedBackend scoped(b);
+    outs.push_back(swiglu_forward(x, std::nullopt, 7.0f));
+    outs.push_back(swiglu_forward_and_per_token_cast(x, "e2m1", 32, std::nullopt, 7.0f).data);
+    outs.push_back(
+        rmsnorm_forward_and_per_token_cast(x.slice(1, 0, 1536), w, 1e-6f, "e4m3", 128).sf);
+    outs.push_back(per_channel_cast(x, "e4m3", 16, true).data);
+  }
+  for (size_t i = 4; i < outs.size(); ++i) EXPECT_TRUE(bitwise_equal(outs[i], outs[i % 4])) << i;
+}
+
+}  // namespace
+}  // namespace dsk::tk
