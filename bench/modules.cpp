@@ -11,7 +11,10 @@
 
 #define DSK_BENCH_MODULES(X) \
   X(ceilings)                \
-  X(core)
+  X(core)                    \
+  X(gemm)                    \
+  X(tk)                      \
+  X(ep)
 
 namespace dsk::bench {
 

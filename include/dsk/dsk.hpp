@@ -2,5 +2,8 @@
 #pragma once
 
 #include <dsk/core.hpp>
+#include <dsk/ep.hpp>
+#include <dsk/gemm.hpp>
 #include <dsk/jit.hpp>
 #include <dsk/ref.hpp>
+#include <dsk/tk.hpp>

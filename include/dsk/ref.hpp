@@ -83,6 +83,22 @@ TopkCompareResult compare_topk_sets(const Tensor& indices_actual, const Tensor& 
 
 std::ostream& operator<<(std::ostream& os, const TopkCompareResult& r);
 
+// ---- GEMM (the oracle of dsk::gemm) ----
+
+// D = C + A·Bᵀ with fp64 products and sums: a [m, k] and b [n, k], or batched a [g, m, k] and
+// b [g, n, k]; any dtype except fp4x2 (dequantize FP4 operands first) and any strides; c, when
+// given, has D's shape. Returns f64 [m, n] (or [g, m, n]). Every element is summed in increasing
+// k, so the result is the same for any thread count.
+Tensor gemm_nt(const Tensor& a, const Tensor& b, const std::optional<Tensor>& c = std::nullopt);
+
+// The values an FP8/FP4 operand stands for: value(r, kk) * sf[r / gran_mn, kk / gran_k], the
+// product rounded to f32 (upstream's dequantization). data: e4m3 [.., mn, k] (any strides) or
+// fp4x2 [.., mn, k / 2] (K-major: two values per byte along K). sf: f32
+// [.., ceil(mn / gran_mn), ceil(k / gran_k)] (any strides), or packed UE8M0 along the last
+// dimension: i32 (4 per word, byte j of word q is scale 4q + j) or i16 (2 per word). Returns f32
+// [.., mn, k].
+Tensor dequantize(const Tensor& data, const Tensor& sf, int gran_mn, int gran_k);
+
 // ---- seeded random tensors ----
 //
 // Element i (row-major; fp4x2: value 2i and 2i+1 of byte i) depends only on (seed, i): the same
@@ -135,3 +151,88 @@ inline bool all_written(const Tensor& t) {
         ::dsk::ref::compare_topk_sets((actual), (expected)__VA_OPT__(, ) __VA_ARGS__);   \
     EXPECT_TRUE(dsk_topk_.passed) << #actual " vs " #expected ": " << dsk_topk_.message; \
   } while (0)
+
+// ================================================================================================
+// ---- tk (the oracle of dsk::tk) ----
+//
+// Plain loops in fp64 with the same contracts as the dsk::tk functions of the same name
+// (include/dsk/tk.hpp): the same tie rule for routing, the quantisation rules of
+// dsk/kernels/quant.hpp, fp64 scores, sums, norms and rotations. Scale factors come back as f32
+// [rows, blocks] (never packed, whatever layout the kernel produces); float results as f64.
+#include <dsk/tk.hpp>
+
+namespace dsk::ref::tk {
+
+using dsk::tk::BlockSize;
+using dsk::tk::FusedMapping;
+using dsk::tk::GateResult;
+using dsk::tk::NormalizedWeights;
+using dsk::tk::QuantTensor;
+
+// ---- routing ----
+Tensor topk_gate(const Tensor& scores, int num_topk);
+Tensor topk_sum_and_topk_group_idx(const Tensor& scores, int num_topk_sum, int num_topk_groups);
+// The unbiased scores s of every expert (f64 [num_tokens, num_experts]) for a scoring function
+// ("sigmoid", "sqrtsoftplus", "softmax"): what the gates select from, before the bias.
+Tensor gate_scores(const Tensor& logits, std::string_view scoring_func);
+GateResult top2_sum_gate(const Tensor& logits, const Tensor& bias, int num_topk,
+                         int num_topk_groups, int num_groups, bool use_shared_as_routed,
+                         int num_shared_experts, float routed_scaling_factor, int ep_rank,
+                         int num_ep_ranks, int tp_rank, int num_tp_ranks,
+                         std::string_view scoring_func,
+                         const std::optional<Tensor>& mask = std::nullopt,
+                         const std::optional<Tensor>& fix_routing_mask = std::nullopt,
+                         const std::optional<Tensor>& to_physical_map = std::nullopt,
+                         const std::optional<Tensor>& logical_count = std::nullopt,
+                         const std::optional<Tensor>& unmapped_topk_idx = std::nullopt);
+GateResult noaux_tc_gate(const Tensor& logits, const std::optional<Tensor>& e_score_correction_bias,
+                         int num_topk, int n_group, int topk_group,
+                         float routed_scaling_factor = 1.0f,
+                         std::string_view scoring_func = "sigmoid", bool norm_topk_prob = true);
+Tensor group_count(const Tensor& group_idx, int num_groups);
+NormalizedWeights normalize_weight(const Tensor& topk_weights);
+Tensor mask_indices_by_tp(const Tensor& indices, int64_t n, int num_ep_ranks, int tp_rank,
+                          int num_tp_ranks);
+
+// ---- mapping ----
+FusedMapping get_fused_mapping(const Tensor& topk_idx, int num_experts, int alignment);
+Tensor expand_to_fused(const Tensor& x, const Tensor& token_topk_to_pos,
+                       const Tensor& pos_to_expert);
+// f64 [num_tokens, hidden]: sum over slots of x[p] * weight (* x_sf[p]), times sf when given.
+Tensor reduce_fused(const Tensor& x, const std::optional<Tensor>& topk_weights,
+                    const Tensor& token_topk_to_pos,
+                    const std::optional<Tensor>& x_sf = std::nullopt,
+                    std::optional<float> sf = std::nullopt);
+
+// ---- quantisation (data as dsk::tk produces it, scales f32 [rows, blocks]) ----
+QuantTensor per_token_cast(const Tensor& x, std::string_view fmt, int num_per_channels,
+                           bool round_sf = false);
+QuantTensor per_block_cast(const Tensor& x, std::string_view fmt, BlockSize block_size,
+                           bool round_sf = false);
+QuantTensor per_channel_cast(const Tensor& x, std::string_view fmt, int num_per_tokens = 128,
+                             bool round_sf = false);
+// f32 [rows, cols]: value(code) * sf of its block (x.sf f32 [row blocks, col blocks] or packed).
+Tensor cast_back(const QuantTensor& x, BlockSize block_size);
+// f64 [rows, hidden] (the SwiGLU of dsk::tk::swiglu_forward, zero rows included).
+Tensor swiglu_forward(const Tensor& x, const std::optional<Tensor>& pos_to_expert = std::nullopt,
+                      std::optional<float> swiglu_clamp_value = std::nullopt,
+                      const std::optional<Tensor>& pos_to_token_topk = std::nullopt,
+                      const std::optional<Tensor>& topk_weights = std::nullopt);
+// Scale factors of a tk cast in any layout (f32 row- or col-major, packed int32), as f32
+// [rows, blocks]: what to compare against the references above.
+Tensor unpack_scales(const Tensor& sf, int64_t rows, int64_t blocks);
+
+// ---- norms and positions (f64 results) ----
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
+                  double eps = 1e-6);
+// DeepSeek's frequencies, written from inference/model.py (precompute_freqs_cis) in fp64.
+std::vector<double> rope_frequencies(const dsk::tk::RopeConfig& config = {});
+// The rotated copy of x ([tokens, heads, rot_dim] or [batch, seqlen, heads, rot_dim]) as f64.
+Tensor apply_rotary(const Tensor& x, const Tensor& cos_sin_cache,
+                    const std::optional<Tensor>& positions = std::nullopt, bool interleaved = false,
+                    bool conjugate = false, int64_t seqlen_offset = 0);
+// scale * H x with H[i][j] = (-1)^popcount(i & j) (Sylvester order), f64.
+Tensor hadamard_transform(const Tensor& x, double scale = 1.0);
+
+}  // namespace dsk::ref::tk

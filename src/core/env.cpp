@@ -27,7 +27,16 @@ const std::vector<Variable> kVariables = {
     {"DSK_JIT_DEBUG", "0", "print JIT compile commands, cache hits and times on stderr", true},
     {"DSK_JIT_INCLUDE_DIR", "installed include/", "where the JIT finds <dsk/kernels/...> headers",
      true},
+    {"DSK_TENSOR_CACHE_MB", "2048",
+     "freed tensor buffers of 2 MiB or more kept for reuse, at most this many MiB (0: none)",
+     false},
     {"DSK_PRINT_CONFIGS", "0", "print the config each heuristic chooses", true},
+    {"DSK_AUTOTUNE", "unset",
+     "1: time candidate kernel configs for shapes not yet tuned and cache the fastest; unset: "
+     "reuse cached choices; 0: heuristic only",
+     true},
+    {"DSK_EP_TIMEOUT_S", "300",
+     "seconds an ep:: operation waits for its peer ranks before raising dsk::Error", false},
 };
 
 std::string upper(std::string_view s) {

@@ -1,0 +1,242 @@
+// dsk::ep — DeepEP on CPU ranks (../shared/spec/ep.md): MoE token dispatch and combine between
+// processes started by mpirun, over POSIX shared memory (ranks on one host) or MPI.
+//
+// One long-lived Buffer per expert-parallel group. Experts are placed contiguously: expert e lives
+// on rank e / (num_experts / num_ranks). Every call is collective: all ranks of the group issue
+// the same calls in the same order. Every wait for a peer gives up after DSK_EP_TIMEOUT_S seconds
+// (default 300) and raises dsk::Error; after a failed exchange the buffer refuses further work
+// (destroy it and build a new one).
+//
+// Layouts (upstream V1 Buffer and V2.5 EPBuffer):
+//   dispatch       one row per (token, destination rank), grouped by source rank ascending, then
+//                  in the source's token order (= sorted by global source id rank*Tmax+token, so
+//                  every run is deterministic); recv_topk_idx holds local expert ids or -1 (with
+//                  weight 0); num_recv_tokens_per_expert_list counts selections per local expert,
+//                  each rounded up to expert_alignment.
+//   expand mode    one row per (token, local expert), grouped by expert; expert e's block starts
+//                  at a multiple of expert_alignment (default gemm's contiguous-layout alignment),
+//                  gaps optionally zeroed, 1-D weights; handle.psum_num_recv_tokens_per_expert is
+//                  the grouped_layout of gemm::m_grouped_*_contiguous(use_psum_layout = true).
+//   combine        out[t] = bf16( f32(bias0) + f32(bias1) + Σ partial_r ), partial_r = the bf16
+//                  sum of rank r's rows for t (expand mode: of its slots, in top-k order), the
+//                  partials added in the order of each rank's last top-k slot (refs.py order).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <dsk/core/tensor.hpp>
+#include <dsk/gemm.hpp>
+
+namespace dsk::ep {
+
+namespace detail {
+struct CommImpl;
+struct BufferImpl;
+struct EventState;
+struct Plan;
+}  // namespace detail
+
+// ---- Communicator: the group of ranks, an MPI communicator underneath ----
+class Communicator {
+ public:
+  // MPI_COMM_WORLD. Initialises MPI (MPI_THREAD_MULTIPLE) when nobody has, and then finalises it
+  // at process exit.
+  static Communicator world();
+  // Any MPI communicator, by its Fortran handle (MPI_Comm_c2f(comm), mpi4py's comm.py2f()), so
+  // this header does not need <mpi.h>. The communicator is duplicated; the caller keeps its own.
+  static Communicator from_fortran_handle(int64_t handle);
+
+  int rank() const;
+  int size() const;
+  // Whether all ranks share this host (the shared-memory transport needs it).
+  bool single_host() const;
+  // Whether the calling process was started by an MPI launcher (mpirun / mpiexec / srun).
+  static bool launched_by_mpi();
+
+  // Plain collectives over the group, for benchmarks and tests (each waits at most
+  // DSK_EP_TIMEOUT_S). alltoallv is a plain MPI_Alltoallv of byte blocks: block r of `send`
+  // (send_bytes[r] bytes, packed in rank order) goes to rank r; recv gets one block per rank.
+  void barrier() const;
+  double allreduce_max(double value) const;
+  void alltoallv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                 const std::vector<int64_t>& recv_bytes) const;
+
+  const detail::CommImpl& impl() const { return *impl_; }
+
+ private:
+  std::shared_ptr<detail::CommImpl> impl_;
+};
+
+#ifdef MPI_VERSION
+// With <mpi.h> included first: a Communicator for an MPI_Comm.
+inline Communicator from_mpi(MPI_Comm comm) {
+  return Communicator::from_fortran_handle(static_cast<int64_t>(MPI_Comm_c2f(comm)));
+}
+#endif
+
+// How the bytes travel. automatic: shared memory when every rank is on this host, else MPI.
+enum class Transport { automatic, shared_memory, mpi };
+const char* transport_name(Transport t);
+
+// ---- Events (upstream EventOverlap) ----
+// The completion of one operation. A default-constructed event is complete; a synchronous
+// operation returns a complete one. With async_finish the call returns once the sizes are known
+// (the result tensors exist) and the buffer's communication thread moves the rows while the caller
+// computes; wait() blocks until the operation finished (raising dsk::Error if it failed or timed
+// out), then runs the hook registered with register_hook_after_wait, once: later waits do not
+// repeat it, a hook that throws is not retried, and a wait that fails leaves the hook registered.
+// Until then the result tensors must not be read. The next operation on the buffer waits for it.
+class EventOverlap {
+ public:
+  EventOverlap() = default;
+  explicit EventOverlap(std::shared_ptr<detail::EventState> state) : state_(std::move(state)) {}
+
+  bool done() const;
+  void wait() const;
+  void current_stream_wait() const { wait(); }
+  // One hook at a time; registering replaces the previous one.
+  void register_hook_after_wait(std::function<void()> hook) const;
+
+ private:
+  std::shared_ptr<detail::EventState> state_;
+};
+
+// ---- Buffer configuration ----
+// Give either num_bytes, or the MoE sizes the buffer is sized from (get_buffer_size_hint). Every
+// rank must pass the same values: construction fails on every rank otherwise.
+struct BufferConfig {
+  int64_t num_bytes = 0;                // 0: size from the fields below
+  int64_t num_max_tokens_per_rank = 0;  // Tmax, the same on every rank; T <= Tmax per call
+  int64_t hidden = 0;
+  int num_topk = 0;
+  int num_experts = 0;  // E, a multiple of the number of ranks, E / ranks <= 1024
+  bool use_fp8_dispatch = false;
+  bool deterministic = false;  // rows are always sorted by global source id; kept for upstream
+  Transport transport = Transport::automatic;
+  double timeout_s = 0;             // 0: DSK_EP_TIMEOUT_S (default 300)
+  bool explicitly_destroy = false;  // when true, the owner must call destroy()
+};
+
+// ---- Layout ----
+struct DispatchLayout {
+  Tensor num_tokens_per_rank{};                      // i32 [R]: tokens, once per destination rank
+  std::optional<Tensor> num_tokens_per_rdma_rank{};  // none (one host per shared-memory group)
+  Tensor num_tokens_per_expert{};                    // i32 [E]: selections
+  Tensor is_token_in_rank{};                         // bool [T, R]
+  EventOverlap event{};
+};
+
+// ---- Handle: what combine and cached dispatch reuse ----
+struct DispatchHandle {
+  Tensor rank_prefix_matrix{};  // i32 [R, R]: P[i][j] = rows rank j received from ranks 0..i
+  Tensor recv_src_idx{};        // i32 [N]: each received row's token position in its source rank
+  Tensor is_token_in_rank{};    // bool [T, R] of this rank's tokens
+  std::optional<Tensor>
+      topk_idx{};  // [T, K] copy of the routing (absent for a top-k-less dispatch)
+  // Expand mode: i32 [N, 2+K] per received token: global source id, source rank*K + first local
+  // slot, then the expanded row of each top-k slot or -1. Non-expand: global id, source rank*K +
+  // first local slot (or -1), then -1s.
+  Tensor recv_src_metadata{};
+  Tensor psum_num_recv_tokens_per_expert{};  // i32 [E_local], inclusive, over the aligned starts
+  std::vector<int> num_recv_tokens_per_expert_list{};  // aligned counts
+  bool do_expand = false;
+  int num_experts = 0;
+  int expert_alignment = 1;
+  int64_t num_max_tokens_per_rank = 0;
+  int64_t num_recv_tokens = 0;  // N: received rows (tokens) before expansion
+  int64_t num_recv_rows = 0;    // rows of recv_x (N, the expanded count, or num_worst_tokens)
+  std::shared_ptr<const detail::Plan> plan{};  // the routing in the form combine reads
+};
+
+struct DispatchArgs {
+  std::optional<DispatchHandle> handle{};         // cached dispatch: replay this routing
+  std::optional<Tensor> num_tokens_per_rank{};    // i32 [R] (checked against the routing)
+  std::optional<Tensor> is_token_in_rank{};       // bool [T, R]
+  std::optional<Tensor> num_tokens_per_expert{};  // i32 [E] (checked against topk_idx)
+  std::optional<Tensor> topk_idx{};               // i64 or i32 [T, K], -1 = no expert
+  std::optional<Tensor> topk_weights{};           // f32 [T, K]
+  // Rounding of the per-expert counts (and block starts in expand mode). Default: 1, or in
+  // expand mode gemm::get_mk_alignment_for_contiguous_layout().
+  std::optional<int> expert_alignment{};
+  int64_t num_worst_tokens = 0;  // > 0: allocate that many rows, no exact sizing
+  bool do_expand = false;
+  bool do_zero_padding = true;                   // expand mode: zero the rows between expert blocks
+  std::optional<EventOverlap> previous_event{};  // waited for before the operation starts
+  bool async_finish = false;             // return once sized; rows land before event.wait() returns
+  bool allocate_on_comm_stream = false;  // accepted; no meaning on CPU
+};
+
+struct DispatchResult {
+  Tensor recv_x{};                                     // bf16 or e4m3 [rows, H]
+  std::optional<Tensor> recv_x_sf{};                   // f32 [rows, H/128] for FP8
+  std::optional<Tensor> recv_topk_idx{};               // [rows, K] local ids or -1 (non-expand)
+  std::optional<Tensor> recv_topk_weights{};           // f32 [rows, K], or [rows] in expand mode
+  std::vector<int> num_recv_tokens_per_expert_list{};  // empty when num_worst_tokens > 0
+  DispatchHandle handle{};
+  EventOverlap event{};
+};
+
+struct CombineArgs {
+  std::optional<Tensor> topk_weights{};  // f32 [N, K] (expand mode: [rows]) routed back
+  std::vector<Tensor> bias{};            // 0, 1 or 2 bf16 [T, H]: shared-expert output, residual
+  std::optional<EventOverlap> previous_event{};
+  bool async_finish = false;
+  bool allocate_on_comm_stream = false;
+};
+
+struct CombineResult {
+  Tensor combined_x{};                            // bf16 [T, H]
+  std::optional<Tensor> combined_topk_weights{};  // f32 [T, K] when topk_weights were given
+  EventOverlap event{};
+};
+
+// ---- Buffer ----
+class Buffer {
+ public:
+  // Collective over `comm`: checks that every rank passed the same configuration (raising
+  // dsk::Error on every rank when not), allocates the symmetric buffers and maps the peers'.
+  Buffer(const Communicator& comm, const BufferConfig& config);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  // The bytes one rank's buffer needs for these sizes (what num_bytes = 0 allocates).
+  static int64_t get_buffer_size_hint(int num_ranks, int64_t num_max_tokens_per_rank,
+                                      int64_t hidden, int num_topk, bool use_fp8_dispatch);
+
+  // Frees the buffers (local: peers keep their mappings). Refused while an operation is
+  // outstanding. Later calls on the buffer raise dsk::Error.
+  void destroy();
+  bool is_available() const;
+
+  int rank() const;
+  int num_ranks() const;
+  int64_t num_bytes() const;  // this rank's buffer size
+  Transport transport() const;
+  const BufferConfig& config() const;
+
+  // Local (no communication): counts and membership of topk_idx [T, K] (i64 or i32).
+  DispatchLayout get_dispatch_layout(const Tensor& topk_idx, int num_experts,
+                                     std::optional<EventOverlap> previous_event = std::nullopt,
+                                     bool async_finish = false,
+                                     bool allocate_on_comm_stream = false) const;
+
+  // x: bf16 [T, H], or FP8 {e4m3 [T, H], f32 [T, H/128]} (scale per 128 channels).
+  DispatchResult dispatch(const Tensor& x, const DispatchArgs& args);
+  DispatchResult dispatch(const gemm::Fp8Tensor& x, const DispatchArgs& args);
+
+  // x: bf16 [N, H] (or [rows, H] in expand mode, or with num_worst_tokens rows) as dispatch
+  // returned it, already reduced over the local experts in non-expand mode.
+  CombineResult combine(const Tensor& x, const DispatchHandle& handle,
+                        const CombineArgs& args = {});
+
+ private:
+  std::unique_ptr<detail::BufferImpl> impl_;
+};
+
+}  // namespace dsk::ep

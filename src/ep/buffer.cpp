@@ -1,0 +1,317 @@
+// dsk::ep::Buffer: collective construction with the agreement check, sizing, destroy, and the
+// (local) dispatch layout.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include <dsk/core/check.hpp>
+#include <dsk/core/error.hpp>
+
+#include "ep/internal.hpp"
+#include "ep/routing.hpp"
+
+namespace dsk::ep {
+namespace detail {
+namespace {
+
+constexpr const char* kCtor = "ep::Buffer";
+
+// What every rank must agree on, as it travels in the construction all-gather.
+struct Agreement {
+  int64_t num_bytes;
+  int64_t num_max_tokens_per_rank;
+  int64_t hidden;
+  int32_t num_topk;
+  int32_t num_experts;
+  int32_t use_fp8_dispatch;
+  int32_t transport;
+};
+
+std::string describe(const Agreement& a) {
+  return "num_bytes=" + std::to_string(a.num_bytes) +
+         " num_max_tokens_per_rank=" + std::to_string(a.num_max_tokens_per_rank) +
+         " hidden=" + std::to_string(a.hidden) + " num_topk=" + std::to_string(a.num_topk) +
+         " num_experts=" + std::to_string(a.num_experts) +
+         " use_fp8_dispatch=" + std::to_string(a.use_fp8_dispatch) +
+         " transport=" + transport_name(static_cast<Transport>(a.transport));
+}
+
+// Identical on every rank (it reads only the gathered values), so all ranks raise together.
+void check_agreement(const std::vector<Agreement>& all) {
+  for (size_t r = 1; r < all.size(); ++r)
+    DSK_CHECK(std::memcmp(&all[r], &all[0], sizeof(Agreement)) == 0, kCtor,
+              "ranks disagree on the buffer configuration: rank 0 has " + describe(all[0]) +
+                  ", rank " + std::to_string(r) + " has " + describe(all[r]));
+}
+
+void check_config(const BufferConfig& c, int num_ranks) {
+  DSK_CHECK_ARG(c.num_experts > 0 && c.num_experts % num_ranks == 0, kCtor, "num_experts",
+                "a positive multiple of the number of ranks (" + std::to_string(num_ranks) + ")",
+                c.num_experts);
+  DSK_CHECK_ARG(c.num_experts / num_ranks <= kMaxLocalExperts, kCtor, "num_experts",
+                "at most " + std::to_string(kMaxLocalExperts) + " experts per rank", c.num_experts);
+  DSK_CHECK_ARG(c.num_bytes >= 0, kCtor, "num_bytes", "0 (size from the MoE sizes) or positive",
+                c.num_bytes);
+  DSK_CHECK_ARG(c.num_max_tokens_per_rank >= 0, kCtor, "num_max_tokens_per_rank",
+                "a non-negative count", c.num_max_tokens_per_rank);
+  DSK_CHECK_ARG(c.hidden >= 0, kCtor, "hidden", "a non-negative size", c.hidden);
+  DSK_CHECK_ARG(c.num_topk >= 0 && c.num_topk <= kMaxTopk, kCtor, "num_topk",
+                "0.." + std::to_string(kMaxTopk), c.num_topk);
+  if (c.num_bytes == 0) {
+    DSK_CHECK_ARG(c.num_max_tokens_per_rank > 0, kCtor, "num_max_tokens_per_rank",
+                  "positive when num_bytes is 0 (the buffer is sized from it)",
+                  c.num_max_tokens_per_rank);
+    DSK_CHECK_ARG(c.hidden > 0, kCtor, "hidden", "positive when num_bytes is 0", c.hidden);
+    DSK_CHECK_ARG(c.num_topk > 0, kCtor, "num_topk", "positive when num_bytes is 0", c.num_topk);
+  }
+  DSK_CHECK_ARG(c.timeout_s >= 0, kCtor, "timeout_s", "0 (DSK_EP_TIMEOUT_S) or positive",
+                c.timeout_s);
+}
+
+}  // namespace
+
+BufferImpl::~BufferImpl() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();  // an exchange in flight ends within the timeout
+}
+
+void BufferImpl::check_usable(const char* fn) {
+  DSK_CHECK(!destroyed, fn, "the buffer was destroyed");
+  wait_idle();
+  DSK_CHECK(!broken, fn,
+            "an earlier exchange on this buffer failed (timeout or disagreement between ranks); "
+            "destroy it and build a new one");
+}
+
+void BufferImpl::wait_idle() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return pending_ == nullptr; });
+}
+
+Tensor BufferImpl::pooled(const Shape& shape, DType dtype) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  const size_t bytes = static_cast<size_t>(numel) * element_size(dtype);
+  if (bytes < (size_t{1} << 20)) return Tensor::empty(shape, dtype);  // small: the heap is fine
+  std::lock_guard<std::mutex> lock(pool_mutex_);
+  for (Block& b : pool_) {
+    // use_count 1: only the pool holds it. A block far larger than needed stays for a larger
+    // request.
+    if (b.memory.use_count() == 1 && b.bytes >= bytes && b.bytes <= 2 * bytes)
+      return Tensor::from_blob(b.memory.get(), shape, dtype, {}, b.memory);
+  }
+  constexpr size_t kAlign = size_t{2} << 20;
+  const size_t rounded = align_up(bytes, kAlign);
+  auto* raw = static_cast<std::byte*>(std::aligned_alloc(kAlign, rounded));
+  DSK_CHECK(raw != nullptr, "ep::Buffer",
+            "out of memory allocating " + std::to_string(rounded) + " bytes");
+  Block block{std::shared_ptr<std::byte>(raw, [](std::byte* p) { std::free(p); }), rounded};
+  // Keep at most 8 blocks: drop free ones first.
+  if (pool_.size() >= 8) {
+    for (auto it = pool_.begin(); it != pool_.end(); ++it) {
+      if (it->memory.use_count() == 1) {
+        pool_.erase(it);
+        break;
+      }
+    }
+  }
+  if (pool_.size() < 8) pool_.push_back(block);
+  return Tensor::from_blob(block.memory.get(), shape, dtype, {}, block.memory);
+}
+
+void BufferImpl::execute(const std::shared_ptr<Operation>& op, bool async, const char* fn) {
+  ++outstanding;
+  try {
+    op->exchange = channel->start(op->spec, fn);
+    if (!async || op->sized_by_headers) {
+      drive(*op->exchange, timeout_s, fn, async);
+    } else {
+      op->exchange->poll();  // post what can go now; the communication thread does the rest
+    }
+  } catch (...) {
+    --outstanding;
+    broken = true;
+    throw;
+  }
+  if (async) {
+    op->event->done = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pending_ = op;
+      if (!thread_.joinable()) thread_ = std::thread([this] { progress_loop(); });
+    }
+    cv_.notify_all();
+    return;
+  }
+  --outstanding;
+  op->exchange.reset();
+  op->finish();
+}
+
+void BufferImpl::progress_loop() {
+  for (;;) {
+    std::shared_ptr<Operation> op;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stop_ || pending_ != nullptr; });
+      if (pending_ == nullptr) return;
+      op = pending_;
+    }
+    std::exception_ptr error;
+    try {
+      drive(*op->exchange, timeout_s, "ep (communication thread)");
+    } catch (...) {
+      error = std::current_exception();
+      broken = true;
+    }
+    op->exchange.reset();
+    if (!error) {
+      try {
+        op->finish();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pending_ = nullptr;
+      --outstanding;
+    }
+    cv_.notify_all();
+    op->event->complete(error);
+  }
+}
+
+}  // namespace detail
+
+int64_t Buffer::get_buffer_size_hint(int num_ranks, int64_t num_max_tokens_per_rank, int64_t hidden,
+                                     int num_topk, bool use_fp8_dispatch) {
+  const char* fn = "ep::Buffer::get_buffer_size_hint";
+  check::in_range(fn, "num_ranks", num_ranks, 1, 1 << 20);
+  check::in_range(fn, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1, int64_t{1} << 31);
+  check::in_range(fn, "hidden", hidden, 1, int64_t{1} << 24);
+  check::in_range(fn, "num_topk", num_topk, 1, detail::kMaxTopk);
+  (void)use_fp8_dispatch;  // an FP8 row (H + H/32 bytes) is never larger than a BF16 row
+  // Two slots per peer, each holding half of Tmax rows of the largest record: a whole dispatch
+  // or combine of Tmax tokens is in flight without waiting for a slot.
+  const size_t record = detail::max_record_bytes(hidden, num_topk);
+  const size_t chunk =
+      detail::align_up(record * static_cast<size_t>((num_max_tokens_per_rank + 1) / 2), 64);
+  const size_t total = detail::control_bytes(num_ranks) +
+                       detail::header_capacity(num_ranks) * num_ranks +
+                       2 * chunk * static_cast<size_t>(num_ranks);
+  return static_cast<int64_t>(detail::align_up(total, size_t{2} << 20));
+}
+
+Buffer::Buffer(const Communicator& comm, const BufferConfig& config)
+    : impl_(std::make_unique<detail::BufferImpl>()) {
+  detail::BufferImpl& b = *impl_;
+  b.comm = comm;
+  b.config = config;
+  b.rank = comm.rank();
+  b.num_ranks = comm.size();
+  b.timeout_s = detail::resolve_timeout_s(config.timeout_s);
+
+  // Agree first, validate after: every rank sees the same gathered values and so raises the
+  // same error, instead of one rank raising while the others wait for it.
+  const detail::Agreement mine{config.num_bytes,
+                               config.num_max_tokens_per_rank,
+                               config.hidden,
+                               config.num_topk,
+                               config.num_experts,
+                               config.use_fp8_dispatch ? 1 : 0,
+                               static_cast<int32_t>(config.transport)};
+  std::vector<detail::Agreement> all(b.num_ranks);
+  detail::allgather(comm.impl(), &mine, all.data(), sizeof mine, b.timeout_s, "ep::Buffer");
+  detail::check_agreement(all);
+  detail::check_config(config, b.num_ranks);
+  b.num_local_experts = config.num_experts / b.num_ranks;
+
+  b.transport = config.transport;
+  if (b.transport == Transport::automatic)
+    b.transport = comm.single_host() ? Transport::shared_memory : Transport::mpi;
+  DSK_CHECK_ARG(b.transport != Transport::shared_memory || comm.single_host(), "ep::Buffer",
+                "transport", "mpi or automatic when the ranks span several hosts", "shared_memory");
+  b.num_bytes = config.num_bytes > 0
+                    ? config.num_bytes
+                    : get_buffer_size_hint(b.num_ranks, config.num_max_tokens_per_rank,
+                                           config.hidden, config.num_topk, config.use_fp8_dispatch);
+  if (b.transport == Transport::shared_memory) {
+    b.channel = detail::make_shm_channel(comm.impl(), b.num_bytes, b.timeout_s);
+  } else {
+    b.channel = detail::make_mpi_channel(comm.impl(), b.timeout_s);
+  }
+}
+
+// Tearing down is local (each rank unmaps its own view of the segments), so neither the
+// destructor nor destroy() waits for the peers.
+Buffer::~Buffer() = default;
+
+void Buffer::destroy() {
+  DSK_CHECK(impl_->outstanding == 0, "ep::Buffer::destroy",
+            std::to_string(impl_->outstanding.load()) +
+                " operation(s) are still outstanding: wait for their events first");
+  impl_->channel.reset();
+  impl_->destroyed = true;
+}
+
+bool Buffer::is_available() const {
+  return !impl_->destroyed && !impl_->broken;
+}
+int Buffer::rank() const {
+  return impl_->rank;
+}
+int Buffer::num_ranks() const {
+  return impl_->num_ranks;
+}
+int64_t Buffer::num_bytes() const {
+  return impl_->num_bytes;
+}
+Transport Buffer::transport() const {
+  return impl_->transport;
+}
+const BufferConfig& Buffer::config() const {
+  return impl_->config;
+}
+
+DispatchLayout Buffer::get_dispatch_layout(const Tensor& topk_idx, int num_experts,
+                                           std::optional<EventOverlap> previous_event,
+                                           bool /*async_finish*/,
+                                           bool /*allocate_on_comm_stream*/) const {
+  const char* fn = "ep::Buffer::get_dispatch_layout";
+  DSK_CHECK(!impl_->destroyed, fn, "the buffer was destroyed");
+  if (previous_event) previous_event->wait();
+  const int R = impl_->num_ranks;
+  DSK_CHECK_ARG(num_experts > 0 && num_experts % R == 0, fn, "num_experts",
+                "a positive multiple of the number of ranks (" + std::to_string(R) + ")",
+                num_experts);
+  const std::vector<int32_t> ids = detail::read_topk_idx(fn, "topk_idx", topk_idx, num_experts);
+  const int64_t T = topk_idx.size(0);
+  const int K = static_cast<int>(topk_idx.size(1));
+  const int per_rank = num_experts / R;
+
+  DispatchLayout out;
+  out.num_tokens_per_rank = Tensor::zeros({R}, DType::i32);
+  out.num_tokens_per_expert = Tensor::zeros({num_experts}, DType::i32);
+  out.is_token_in_rank = Tensor::zeros({T, R}, DType::boolean);
+  int32_t* per_rank_count = out.num_tokens_per_rank.data<int32_t>();
+  int32_t* per_expert = out.num_tokens_per_expert.data<int32_t>();
+  bool* in_rank = out.is_token_in_rank.data<bool>();
+  for (int64_t t = 0; t < T; ++t) {
+    for (int k = 0; k < K; ++k) {
+      const int32_t e = ids[t * K + k];
+      if (e < 0) continue;
+      ++per_expert[e];
+      bool& flag = in_rank[t * R + e / per_rank];
+      if (!flag) ++per_rank_count[e / per_rank];
+      flag = true;
+    }
+  }
+  return out;
+}
+
+}  // namespace dsk::ep

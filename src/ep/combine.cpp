@@ -1,0 +1,268 @@
+// dsk::ep::Buffer::combine: the inverse of a dispatch, summing each token's partial results in
+// upstream's order (refs.py): a rank's slots of one token in top-k order (expand mode) give its
+// BF16 partial; the token's owner starts from f32(bias0) + f32(bias1) and adds the partials in the
+// order of each rank's last top-k slot (ascending rank when the dispatch had no top-k ids), then
+// rounds to BF16.
+//
+// Record of one (received row, owner) pair: [bf16 partial row][f32 weights x K], padded to 16.
+#include <algorithm>
+#include <cstring>
+
+#include <dsk/core/check.hpp>
+#include <dsk/core/dtype.hpp>
+#include <dsk/core/error.hpp>
+
+#include "ep/internal.hpp"
+#include "ep/routing.hpp"
+
+namespace dsk::ep {
+namespace detail {
+namespace {
+
+constexpr const char* kFn = "ep::Buffer::combine";
+
+float widen(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void add_row(float* acc, const uint16_t* row, int64_t H) {
+  for (int64_t h = 0; h < H; ++h) acc[h] += widen(row[h]);
+}
+
+struct Checked {
+  int64_t H = 0, T = 0;
+  int K = 0;
+  const uint16_t* x = nullptr;
+  const float* weights = nullptr;
+  std::vector<const uint16_t*> bias;
+};
+
+Checked check_inputs(const BufferImpl& b, const Tensor& x, const DispatchHandle& h,
+                     const CombineArgs& a) {
+  Checked c;
+  DSK_CHECK_ARG(h.plan && h.plan->buffer == &b, kFn, "handle",
+                "a handle returned by a dispatch on this buffer", "another buffer's handle");
+  const Plan& plan = *h.plan;
+  check::dim(kFn, "x", x, 2);
+  check::dtype(kFn, "x", x, DType::bf16);
+  check::contiguous(kFn, "x", x);
+  DSK_CHECK_ARG(x.size(0) == h.num_recv_rows, kFn, "x.size(0)",
+                "the rows the dispatch returned (" + std::to_string(h.num_recv_rows) + ")",
+                x.size(0));
+  c.H = x.size(1);
+  c.T = plan.num_tokens;
+  c.K = plan.num_topk;
+  DSK_CHECK_ARG(c.H > 0, kFn, "x", "a positive hidden size", x.describe());
+  c.x = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  DSK_CHECK_ARG(a.bias.size() <= 2, kFn, "bias", "0, 1 or 2 tensors", a.bias.size());
+  for (const Tensor& t : a.bias) {
+    check::dtype(kFn, "bias", t, DType::bf16);
+    check::shape(kFn, "bias", t, {c.T, c.H});
+    check::contiguous(kFn, "bias", t);
+    c.bias.push_back(reinterpret_cast<const uint16_t*>(t.data_ptr()));
+  }
+  if (a.topk_weights) {
+    DSK_CHECK_ARG(plan.has_topk, kFn, "topk_weights", "a handle of a dispatch with topk_idx",
+                  "a dispatch without top-k ids");
+    check::dtype(kFn, "topk_weights", *a.topk_weights, DType::f32);
+    if (plan.expand) {
+      check::shape(kFn, "topk_weights", *a.topk_weights, {h.num_recv_rows});
+    } else {
+      check::shape(kFn, "topk_weights", *a.topk_weights, {h.num_recv_rows, c.K});
+    }
+    check::contiguous(kFn, "topk_weights", *a.topk_weights);
+    c.weights = a.topk_weights->data<float>();
+  }
+  return c;
+}
+
+// The ranks holding token t, in the order their partials are added.
+int reduction_order(const Plan& plan, int64_t t, int* ranks) {
+  const int R = plan.num_ranks, K = plan.num_topk, El = plan.num_local_experts;
+  int n = 0;
+  if (!plan.has_topk) {
+    for (int r = 0; r < R; ++r)
+      if (plan.send_pos[t * R + r] >= 0) ranks[n++] = r;
+    return n;
+  }
+  // A rank's partial sits at its last slot; slots are visited in order.
+  const int32_t* ids = plan.topk.data() + t * K;
+  for (int k = 0; k < K; ++k) {
+    if (ids[k] < 0) continue;
+    const int r = ids[k] / El;
+    bool later = false;
+    for (int j = k + 1; j < K && !later; ++j) later = ids[j] >= 0 && ids[j] / El == r;
+    if (!later) ranks[n++] = r;
+  }
+  return n;
+}
+
+// One combine: the sender packs (and, in expand mode, reduces) its rows; the owner stages the
+// partials per source rank in send-list order and reduces them in finish().
+struct CombineOp final : Operation {
+  Checked c;
+  std::shared_ptr<const Plan> plan;
+  std::vector<Tensor> keep;  // the inputs the callbacks read, alive until the exchange ends
+  size_t row_bytes = 0, w_bytes = 0;
+  std::vector<float> pack_acc;
+  std::vector<int64_t> stage_offset;
+  Tensor stage;  // u8 [rows * record_bytes], pooled
+  Tensor combined_x, combined_w;
+
+  void pack(int d, int64_t first, int64_t n, std::byte* dst);
+  const std::byte* record(int r, int64_t t) const {
+    const int R = plan->num_ranks;
+    return static_cast<const std::byte*>(stage.data_ptr()) +
+           static_cast<size_t>(stage_offset[r] + plan->send_pos[t * R + r]) * spec.record_bytes;
+  }
+  void finish() override;
+};
+
+void CombineOp::pack(int d, int64_t first, int64_t n, std::byte* dst) {
+  const int64_t H = c.H;
+  const int K = c.K;
+  for (int64_t i = 0; i < n; ++i, dst += spec.record_bytes) {
+    const int64_t row = plan->recv_offset[d] + first + i;
+    float* w_out = reinterpret_cast<float*>(dst + row_bytes);
+    if (!plan->expand) {
+      std::memcpy(dst, c.x + row * H, row_bytes);
+      if (c.weights) std::memcpy(w_out, c.weights + row * K, w_bytes);
+      continue;
+    }
+    std::fill(pack_acc.begin(), pack_acc.end(), 0.0f);
+    for (int k = 0; k < K; ++k) {
+      const int32_t erow = plan->expanded_rows[row * K + k];
+      if (erow >= 0) add_row(pack_acc.data(), c.x + erow * H, H);
+      if (c.weights) w_out[k] = erow >= 0 ? c.weights[erow] : 0.0f;
+    }
+    convert_f32_to_bf16(pack_acc.data(), reinterpret_cast<bf16*>(dst), static_cast<size_t>(H));
+  }
+}
+
+void CombineOp::finish() {
+  const int64_t H = c.H, T = c.T;
+  const int K = c.K;
+  auto* result = combined_x.data<bf16>();
+  std::vector<float> acc(static_cast<size_t>(H));
+  std::vector<int> ranks(static_cast<size_t>(std::max(plan->num_ranks, kMaxTopk)));
+  for (int64_t t = 0; t < T; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (size_t i = 0; i < c.bias.size(); ++i) {
+      for (int64_t hh = 0; hh < H; ++hh) {
+        // f32(bias0) + f32(bias1) first, as one value, like refs.py's bias_sum.
+        acc[hh] = i == 0 ? widen(c.bias[0][t * H + hh]) : acc[hh] + widen(c.bias[1][t * H + hh]);
+      }
+    }
+    const int n = reduction_order(*plan, t, ranks.data());
+    for (int i = 0; i < n; ++i)
+      add_row(acc.data(), reinterpret_cast<const uint16_t*>(record(ranks[i], t)), H);
+    convert_f32_to_bf16(acc.data(), result + t * H, static_cast<size_t>(H));
+    if (!c.weights) continue;
+    float* w = combined_w.data<float>() + t * K;
+    for (int k = 0; k < K; ++k) {
+      const int32_t e = plan->topk[t * K + k];
+      w[k] = e < 0 ? 0.0f
+                   : reinterpret_cast<const float*>(record(e / plan->num_local_experts, t) +
+                                                    row_bytes)[k];
+    }
+  }
+}
+
+}  // namespace
+
+CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& h,
+                          const CombineArgs& a) {
+  b.check_usable(kFn);
+  if (a.previous_event) a.previous_event->wait();
+  auto op = std::make_shared<CombineOp>();
+  op->sized_by_headers = false;
+  op->c = check_inputs(b, x, h, a);
+  op->plan = h.plan;
+  op->keep = a.bias;
+  op->keep.push_back(x);
+  if (a.topk_weights) op->keep.push_back(*a.topk_weights);
+  const Checked& c = op->c;
+  const Plan& plan = *h.plan;
+  const int R = b.num_ranks, K = c.K;
+  const int64_t H = c.H, T = c.T;
+
+  op->row_bytes = 2 * static_cast<size_t>(H);
+  op->w_bytes = c.weights ? 4 * static_cast<size_t>(K) : 0;
+  op->pack_acc.resize(static_cast<size_t>(H));
+  ExchangeSpec& spec = op->spec;
+  spec.header_bytes = header_bytes(R, b.num_local_experts);
+  spec.send_headers.assign(spec.header_bytes * R, std::byte{0});
+  spec.recv_headers.assign(spec.header_bytes * R, std::byte{0});
+  spec.record_bytes = align_up(op->row_bytes + op->w_bytes, 16);
+  spec.send_records = plan.recv_count;
+  spec.recv_records.assign(R, 0);
+  const Signature sig{.kind = 2,
+                      .hidden = static_cast<int32_t>(H),
+                      .num_topk = K,
+                      .fp8 = 0,
+                      .has_topk = plan.has_topk ? 1 : 0,
+                      .has_weights = c.weights ? 1 : 0,
+                      .expand = plan.expand ? 1 : 0,
+                      .alignment = 0,
+                      .num_experts = b.config.num_experts,
+                      .cached = 0};
+  for (int d = 0; d < R; ++d) {
+    const HeaderView hv{spec.send_headers.data() + spec.header_bytes * d, R};
+    hv.sig() = sig;
+    hv.tail() = {T, plan.recv_count[d]};
+  }
+  op->stage_offset.assign(R, 0);
+  int64_t staged = 0;
+  for (int r = 0; r < R; ++r) {
+    op->stage_offset[r] = staged;
+    staged += static_cast<int64_t>(plan.send_list[r].size());
+  }
+  op->stage = b.pooled({staged * static_cast<int64_t>(spec.record_bytes)}, DType::u8);
+  op->combined_x = b.pooled({T, H}, DType::bf16);
+  if (c.weights) op->combined_w = Tensor::empty({T, K}, DType::f32);
+
+  // The callbacks may run on the communication thread; they reach everything through `self`.
+  CombineOp* self = op.get();
+  const int rank = b.rank;
+  spec.pack = [self](int d, int64_t first, int64_t n, std::byte* dst) {
+    self->pack(d, first, n, dst);
+  };
+  spec.on_headers = [self, R, rank] {
+    ExchangeSpec& sp = self->spec;
+    check_signatures(sp, R, rank, kFn);
+    for (int r = 0; r < R; ++r) {
+      const HeaderView hv{sp.recv_headers.data() + sp.header_bytes * r, R};
+      const auto expected = static_cast<int64_t>(self->plan->send_list[r].size());
+      DSK_CHECK(hv.tail().num_records == expected, kFn,
+                "rank " + std::to_string(r) + " sends " + std::to_string(hv.tail().num_records) +
+                    " rows back but received " + std::to_string(expected) +
+                    " (a handle from another dispatch?)");
+      sp.recv_records[r] = hv.tail().num_records;
+    }
+  };
+  spec.unpack = [self](int r, int64_t first, int64_t n, const std::byte* src) {
+    const size_t rb = self->spec.record_bytes;
+    std::memcpy(static_cast<std::byte*>(self->stage.data_ptr()) +
+                    static_cast<size_t>(self->stage_offset[r] + first) * rb,
+                src, static_cast<size_t>(n) * rb);
+  };
+  b.execute(op, a.async_finish, kFn);
+
+  CombineResult out;
+  out.combined_x = op->combined_x;
+  if (c.weights) out.combined_topk_weights = op->combined_w;
+  out.event = EventOverlap(op->event);
+  return out;
+}
+
+}  // namespace detail
+
+CombineResult Buffer::combine(const Tensor& x, const DispatchHandle& handle,
+                              const CombineArgs& args) {
+  return detail::run_combine(*impl_, x, handle, args);
+}
+
+}  // namespace dsk::ep

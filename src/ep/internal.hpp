@@ -1,0 +1,216 @@
+// dsk::ep internals shared by the communicator, the transports and the Buffer operations.
+//
+// Every dispatch and combine is one *exchange*: each rank sends every rank (itself included) a
+// fixed-size header, then a stream of fixed-size records whose counts the receivers learn from
+// the headers. A transport (Channel) moves the bytes; the operation supplies pack/unpack callbacks
+// that turn records into tensor rows, so the transports know nothing about tokens or experts.
+#pragma once
+
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1  // the C API only: the deprecated C++ bindings warn
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <dsk/ep.hpp>
+
+namespace dsk::ep::detail {
+
+// ---- MPI ----
+struct CommImpl {
+  MPI_Comm comm = MPI_COMM_NULL;  // our own duplicate: bootstrap traffic never meets the user's
+  int rank = 0;
+  int size = 1;
+  bool single_host = true;
+  ~CommImpl();
+};
+
+// Raises dsk::Error naming `fn` and the MPI error text when `rc` is not MPI_SUCCESS.
+void check_mpi(int rc, const char* fn, const char* what);
+
+// The seconds every wait may take: BufferConfig::timeout_s, else DSK_EP_TIMEOUT_S, else 300.
+double resolve_timeout_s(double configured);
+
+// Polls with a growing back-off (spin, then yield, then short sleeps so an idle rank leaves its
+// core to the ranks that work) and raises dsk::Error once `timeout_s` passed without progress.
+class Waiter {
+ public:
+  Waiter(double timeout_s, const char* fn, const char* what);
+  void progressed();  // something moved: restart the back-off and the deadline
+  void pause();       // nothing moved: back off; raises on timeout
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  double timeout_s_;
+  const char* fn_;
+  const char* what_;
+  Clock::time_point since_;
+  int64_t idle_polls_ = 0;
+};
+
+// Completes an MPI request within the timeout (MPI_Test in a Waiter loop).
+void wait_request(MPI_Request& request, double timeout_s, const char* fn, const char* what);
+// All-gather of `bytes` bytes per rank, with the timeout.
+void allgather(const CommImpl& comm, const void* in, void* out, size_t bytes, double timeout_s,
+               const char* fn);
+
+// ---- Exchanges and transports ----
+struct ExchangeSpec {
+  size_t header_bytes = 0;              // per (sender, receiver) pair; the same on every rank
+  std::vector<std::byte> send_headers;  // [R][header_bytes]
+  std::vector<std::byte> recv_headers;  // [R][header_bytes], filled by the transport
+  size_t record_bytes = 0;              // a multiple of 16
+  std::vector<int64_t> send_records;    // [R]
+  std::vector<int64_t> recv_records;    // [R], set by on_headers
+  // Runs once every header has arrived: checks them, sets recv_records, allocates outputs.
+  std::function<void()> on_headers;
+  // Writes records [first, first + n) for `peer` to dst / reads those from `peer` at src.
+  std::function<void(int peer, int64_t first, int64_t n, std::byte* dst)> pack;
+  std::function<void(int peer, int64_t first, int64_t n, const std::byte* src)> unpack;
+};
+
+// One exchange in flight. poll() moves whatever is ready without blocking and returns true once
+// the exchange finished; it raises dsk::Error when on_headers raises or the transport fails.
+class Exchange {
+ public:
+  virtual ~Exchange() = default;
+  virtual bool poll() = 0;
+  virtual bool has_headers() const = 0;  // every header arrived (outputs are allocated)
+  virtual bool moved() const = 0;        // the last poll() moved something
+};
+
+class Channel {
+ public:
+  virtual ~Channel() = default;
+  // Collective: every rank starts its exchanges in the same order. `spec` must outlive it.
+  virtual std::unique_ptr<Exchange> start(ExchangeSpec& spec, const char* fn) = 0;
+  // The largest header an exchange may use.
+  virtual size_t max_header_bytes() const = 0;
+  // Bytes of one record slot chunk (records larger than this cannot travel); 0 = unlimited.
+  virtual size_t chunk_bytes() const = 0;
+};
+
+// Polls `exchange` until it finished (or, with until_headers, until every header arrived),
+// backing off while nothing moves; raises dsk::Error after timeout_s without progress.
+void drive(Exchange& exchange, double timeout_s, const char* fn, bool until_headers = false);
+
+// Layout constants of the shared-memory buffer, shared with get_buffer_size_hint.
+inline constexpr int kMaxLocalExperts = 1024;
+inline constexpr int kMaxTopk = 32;
+size_t header_capacity(int num_ranks);
+size_t control_bytes(int num_ranks);
+size_t align_up(size_t x, size_t a);
+
+std::unique_ptr<Channel> make_shm_channel(const CommImpl& comm, int64_t num_bytes,
+                                          double timeout_s);
+std::unique_ptr<Channel> make_mpi_channel(const CommImpl& comm, double timeout_s);
+
+// ---- Events ----
+struct EventState {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = true;
+  std::exception_ptr error;  // why the operation failed
+  std::function<void()> hook;
+  bool hook_ran = false;
+
+  void complete(std::exception_ptr e);
+};
+
+// One dispatch or combine: its exchange, and what runs once the exchange finished.
+struct Operation {
+  virtual ~Operation() = default;
+  ExchangeSpec spec;
+  std::unique_ptr<Exchange> exchange;
+  std::shared_ptr<EventState> event = std::make_shared<EventState>();
+  // Whether the outputs are sized by the peers' headers (dispatch), so an asynchronous call must
+  // wait for them before it returns; a combine's outputs are known up front.
+  bool sized_by_headers = true;
+  virtual void finish() = 0;  // zero the unwritten rows / reduce; may raise
+};
+
+// ---- The routing a dispatch established, as combine and cached dispatch read it ----
+struct Plan {
+  const void* buffer = nullptr;  // the BufferImpl that made it
+  int num_ranks = 0;
+  int rank = 0;
+  int num_topk = 0;
+  int num_local_experts = 0;
+  int64_t num_tokens = 0;
+  bool has_topk = false;
+  bool expand = false;
+  std::vector<int32_t> topk;                    // [T*K] global expert ids or -1 (has_topk)
+  std::vector<std::vector<int32_t>> send_list;  // per destination rank: token ids in order
+  std::vector<int32_t> send_pos;                // [T*R]: index in send_list[r], or -1
+  std::vector<int64_t> recv_count;              // per source rank: rows received
+  std::vector<int64_t> recv_offset;             // per source rank: first row
+  std::vector<int32_t> expanded_rows;           // [N*K] expand mode: row of each slot, or -1
+};
+
+struct BufferImpl {
+  Communicator comm;
+  BufferConfig config;
+  Transport transport = Transport::shared_memory;
+  double timeout_s = 300;
+  int64_t num_bytes = 0;
+  std::unique_ptr<Channel> channel;
+  bool destroyed = false;
+  std::atomic<bool> broken{false};  // a failed exchange left the peers in an unknown state
+  std::atomic<int> outstanding{0};  // operations started and not yet finished
+  int rank = 0;
+  int num_ranks = 1;
+  int num_local_experts = 1;
+
+  ~BufferImpl();
+
+  // Raises unless the buffer can run an operation (waits for an asynchronous one first).
+  void check_usable(const char* fn);
+  // Starts `op`'s exchange. Synchronous: returns once it finished and op.finish() ran.
+  // Asynchronous: returns once every header arrived (the outputs exist) and leaves the rest to
+  // the communication thread; op.event completes when it is done. Marks the buffer broken when
+  // the exchange fails.
+  void execute(const std::shared_ptr<Operation>& op, bool async, const char* fn);
+  // Waits until no asynchronous operation is in flight.
+  void wait_idle();
+  // An uninitialised tensor whose memory is reused from earlier calls once nothing references it.
+  Tensor pooled(const Shape& shape, DType dtype);
+
+ private:
+  void progress_loop();
+
+  // NOTES: the communication thread sleeps on a condition variable while there is nothing to
+  // move, and the waits inside an exchange yield and then sleep, so it takes no core from the
+  // compute threads when idle.
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::shared_ptr<Operation> pending_;
+  bool stop_ = false;
+
+  // NOTES: fresh pages cost a fault each (and, with transparent huge pages, compaction), which
+  // made a 100 MB dispatch 10-20x slower than the copy itself; outputs and staging therefore come
+  // from blocks kept here and handed out again once their last Tensor is gone.
+  struct Block {
+    std::shared_ptr<std::byte> memory;
+    size_t bytes = 0;
+  };
+  std::mutex pool_mutex_;
+  std::vector<Block> pool_;
+};
+
+}  // namespace dsk::ep::detail

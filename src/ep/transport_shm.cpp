@@ -1,0 +1,294 @@
+// The shared-memory transport: one POSIX shared-memory segment per rank, mapped by every rank of
+// the group (symmetric buffers), bootstrapped over MPI.
+//
+// Segment of rank s (the sender; receivers pull from it):
+//   control   per receiver d, each counter on its own cache line, all monotonic:
+//               header_posted[d]  (written by s)  headers of exchanges posted for d
+//               header_taken[d]   (written by d)  headers d has copied out
+//               chunk_posted[d]   (written by s)  record chunks posted for d, over all exchanges
+//               chunk_taken[d]    (written by d)  chunks d has copied out
+//   headers   [R][header_capacity]
+//   slots     [R][2][chunk_bytes]: fixed-capacity, double-buffered record chunks per receiver
+// A chunk goes to slot (chunk index % 2) once chunk_taken shows that slot is free; the receiver
+// reads it once chunk_posted covers it (release/acquire pairs, no queues, no locks). Everything is
+// polled by one loop that moves whatever is ready, so no pair of ranks can wait on each other.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include <dsk/core/error.hpp>
+
+#include "ep/internal.hpp"
+
+namespace dsk::ep::detail {
+
+size_t align_up(size_t x, size_t a) {
+  return (x + a - 1) / a * a;
+}
+
+size_t header_capacity(int num_ranks) {
+  // Fixed fields, one count per rank, one count per local expert.
+  return align_up(128 + 4 * static_cast<size_t>(num_ranks) + 4 * kMaxLocalExperts, 64);
+}
+
+size_t control_bytes(int num_ranks) {
+  return 4 * 64 * static_cast<size_t>(num_ranks);
+}
+
+namespace {
+
+constexpr const char* kFn = "ep::Buffer (shared memory)";
+
+uint64_t load_acquire(const uint64_t* p) {
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+void store_release(uint64_t* p, uint64_t v) {
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+
+// One mapped segment.
+struct Mapping {
+  std::byte* base = nullptr;
+  size_t bytes = 0;
+};
+
+class ShmExchange;
+
+class ShmChannel final : public Channel {
+ public:
+  ShmChannel(const CommImpl& comm, int64_t num_bytes, double timeout_s)
+      : rank_(comm.rank), size_(comm.size), bytes_(static_cast<size_t>(num_bytes)) {
+    header_cap_ = header_capacity(size_);
+    const size_t fixed = control_bytes(size_) + header_cap_ * size_;
+    DSK_CHECK(bytes_ > fixed + 2 * 64 * static_cast<size_t>(size_), kFn,
+              "num_bytes " + std::to_string(num_bytes) + " is too small: the control area alone " +
+                  "needs " + std::to_string(fixed) + " bytes");
+    chunk_ = (bytes_ - fixed) / (2 * static_cast<size_t>(size_)) / 64 * 64;
+    map_all(comm, timeout_s);
+    posted_.assign(size_, 0);
+    taken_.assign(size_, 0);
+  }
+
+  ~ShmChannel() override {
+    for (Mapping& m : maps_)
+      if (m.base) munmap(m.base, m.bytes);
+  }
+
+  size_t max_header_bytes() const override { return header_cap_; }
+  size_t chunk_bytes() const override { return chunk_; }
+
+  std::unique_ptr<Exchange> start(ExchangeSpec& spec, const char* fn) override;
+
+ private:
+  friend class ShmExchange;
+  // Counter `which` (0..3) of receiver `d` in the segment of `owner`.
+  uint64_t* counter(int owner, int d, int which) const {
+    return reinterpret_cast<uint64_t*>(maps_[owner].base +
+                                       (static_cast<size_t>(d) * 4 + which) * 64);
+  }
+  std::byte* header(int owner, int d) const {
+    return maps_[owner].base + control_bytes(size_) + header_cap_ * d;
+  }
+  std::byte* slot(int owner, int d, uint64_t chunk) const {
+    return maps_[owner].base + control_bytes(size_) + header_cap_ * size_ +
+           (static_cast<size_t>(d) * 2 + chunk % 2) * chunk_;
+  }
+
+  void map_all(const CommImpl& comm, double timeout_s);
+
+  int rank_, size_;
+  size_t bytes_, header_cap_ = 0, chunk_ = 0;
+  std::vector<Mapping> maps_;
+  uint64_t exchanges_ = 0;        // exchanges this channel ran
+  std::vector<uint64_t> posted_;  // chunks posted to each receiver so far
+  std::vector<uint64_t> taken_;   // chunks taken from each sender so far
+};
+
+// NOTES: rank 0 draws a random name stem and shares it, every rank creates its own segment, all
+// map all, and each unlinks its own name once everybody has mapped it: the memory then lives
+// exactly as long as some mapping does, so nothing is left in /dev/shm even if a rank dies.
+void ShmChannel::map_all(const CommImpl& comm, double timeout_s) {
+  uint64_t stem = 0;
+  if (rank_ == 0) stem = std::random_device{}() ^ (static_cast<uint64_t>(getpid()) << 20);
+  std::vector<uint64_t> stems(size_);
+  allgather(comm, &stem, stems.data(), sizeof stem, timeout_s, kFn);
+  auto name = [&](int r) {
+    return "/dsk_ep_" + std::to_string(stems[0]) + "_" + std::to_string(r);
+  };
+
+  // Create and size this rank's segment; every rank learns whether all succeeded.
+  std::string error;
+  const std::string own = name(rank_);
+  const int fd = shm_open(own.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    error = "shm_open(" + own + ") failed: " + std::strerror(errno);
+  } else if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
+    error = "ftruncate(" + std::to_string(bytes_) + ") failed: " + std::strerror(errno);
+  }
+  if (fd >= 0) close(fd);
+  int ok = error.empty() ? 1 : 0;
+  std::vector<int> oks(size_);
+  allgather(comm, &ok, oks.data(), sizeof ok, timeout_s, kFn);
+
+  maps_.resize(size_);
+  for (int r = 0; r < size_ && ok && *std::min_element(oks.begin(), oks.end()); ++r) {
+    const int pfd = shm_open(name(r).c_str(), O_RDWR, 0600);
+    void* p =
+        pfd < 0 ? MAP_FAILED : mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+    if (pfd >= 0) close(pfd);
+    if (p == MAP_FAILED) {
+      error = "mapping rank " + std::to_string(r) + "'s segment failed: " + std::strerror(errno);
+      ok = 0;
+      break;
+    }
+    maps_[r] = {static_cast<std::byte*>(p), bytes_};
+  }
+  if (ok) std::memset(maps_[rank_].base, 0, control_bytes(size_));  // counters start at 0
+  allgather(comm, &ok, oks.data(), sizeof ok, timeout_s, kFn);
+  shm_unlink(own.c_str());
+  if (*std::min_element(oks.begin(), oks.end()) == 0) {
+    for (Mapping& m : maps_)
+      if (m.base) munmap(m.base, m.bytes);
+    maps_.clear();
+    DSK_FAIL(kFn, error.empty() ? "another rank could not set up its shared memory" : error);
+  }
+}
+
+// One exchange in flight on a ShmChannel; poll() moves whatever is ready.
+class ShmExchange final : public Exchange {
+ public:
+  ShmExchange(ShmChannel& channel, ExchangeSpec& spec, const char* fn)
+      : ch_(channel), spec_(spec), R_(channel.size_) {
+    DSK_CHECK(spec.header_bytes <= ch_.header_cap_, fn, "internal: header larger than its slot");
+    per_chunk_ = static_cast<int64_t>(ch_.chunk_ / spec.record_bytes);
+    DSK_CHECK(per_chunk_ > 0, fn,
+              "the buffer is too small: one row needs " + std::to_string(spec.record_bytes) +
+                  " bytes, a slot holds " + std::to_string(ch_.chunk_) +
+                  " (size the buffer with Buffer::get_buffer_size_hint)");
+    seq_ = ++ch_.exchanges_;
+    sent_.assign(R_, 0);
+    got_.assign(R_, 0);
+    recv_total_.assign(R_, 0);
+    send_total_.assign(R_, 0);
+    for (int d = 0; d < R_; ++d) send_total_[d] = chunks_of(spec.send_records[d]);
+    header_posted_.assign(R_, false);
+    header_read_.assign(R_, false);
+  }
+
+  bool has_headers() const override { return headers_left_ == 0; }
+
+  bool poll() override {
+    const bool posted = post_headers();  // both run every poll
+    bool moved = read_headers() || posted;
+    bool done = headers_left_ == 0 && headers_to_post_ == 0;
+    for (int d = 0; d < R_; ++d) {
+      if (send(d)) moved = true;
+      done = done && sent_[d] == send_total_[d];
+    }
+    if (headers_left_ == 0) {
+      for (int s = 0; s < R_; ++s) {
+        if (receive(s)) moved = true;
+        done = done && got_[s] == recv_total_[s];
+      }
+    }
+    moved_ = moved;
+    return done;
+  }
+
+  bool moved() const override { return moved_; }
+
+ private:
+  int64_t chunks_of(int64_t records) const { return (records + per_chunk_ - 1) / per_chunk_; }
+
+  // A header goes out once the receiver took the previous exchange's one.
+  bool post_headers() {
+    bool moved = false;
+    for (int d = 0; d < R_ && headers_to_post_ > 0; ++d) {
+      if (header_posted_[d] || load_acquire(ch_.counter(ch_.rank_, d, 1)) + 1 < seq_) continue;
+      std::memcpy(ch_.header(ch_.rank_, d), spec_.send_headers.data() + spec_.header_bytes * d,
+                  spec_.header_bytes);
+      store_release(ch_.counter(ch_.rank_, d, 0), seq_);
+      header_posted_[d] = true;
+      --headers_to_post_;
+      moved = true;
+    }
+    return moved;
+  }
+
+  bool read_headers() {
+    if (headers_left_ == 0) return false;
+    bool moved = false;
+    for (int s = 0; s < R_; ++s) {
+      if (header_read_[s] || load_acquire(ch_.counter(s, ch_.rank_, 0)) < seq_) continue;
+      std::memcpy(spec_.recv_headers.data() + spec_.header_bytes * s, ch_.header(s, ch_.rank_),
+                  spec_.header_bytes);
+      store_release(ch_.counter(s, ch_.rank_, 1), seq_);
+      header_read_[s] = true;
+      --headers_left_;
+      moved = true;
+    }
+    if (headers_left_ == 0) {
+      spec_.on_headers();
+      for (int s = 0; s < R_; ++s) recv_total_[s] = chunks_of(spec_.recv_records[s]);
+    }
+    return moved;
+  }
+
+  // Fills free slots for receiver d (two per pair: the receiver copies one while we fill the
+  // other).
+  bool send(int d) {
+    bool moved = false;
+    uint64_t& posted = ch_.posted_[d];
+    while (sent_[d] < send_total_[d] && posted - load_acquire(ch_.counter(ch_.rank_, d, 3)) < 2) {
+      const int64_t first = sent_[d] * per_chunk_;
+      const int64_t n = std::min(per_chunk_, spec_.send_records[d] - first);
+      spec_.pack(d, first, n, ch_.slot(ch_.rank_, d, posted));
+      store_release(ch_.counter(ch_.rank_, d, 2), ++posted);
+      ++sent_[d];
+      moved = true;
+    }
+    return moved;
+  }
+
+  bool receive(int s) {
+    bool moved = false;
+    uint64_t& taken = ch_.taken_[s];
+    while (got_[s] < recv_total_[s] && load_acquire(ch_.counter(s, ch_.rank_, 2)) > taken) {
+      const int64_t first = got_[s] * per_chunk_;
+      const int64_t n = std::min(per_chunk_, spec_.recv_records[s] - first);
+      spec_.unpack(s, first, n, ch_.slot(s, ch_.rank_, taken));
+      store_release(ch_.counter(s, ch_.rank_, 3), ++taken);
+      ++got_[s];
+      moved = true;
+    }
+    return moved;
+  }
+
+  ShmChannel& ch_;
+  ExchangeSpec& spec_;
+  int R_;
+  int64_t per_chunk_ = 1;
+  uint64_t seq_ = 0;
+  int headers_to_post_ = R_;
+  int headers_left_ = R_;
+  bool moved_ = false;
+  std::vector<bool> header_posted_, header_read_;
+  std::vector<int64_t> sent_, send_total_, got_, recv_total_;
+};
+
+std::unique_ptr<Exchange> ShmChannel::start(ExchangeSpec& spec, const char* fn) {
+  return std::make_unique<ShmExchange>(*this, spec, fn);
+}
+
+}  // namespace
+
+std::unique_ptr<Channel> make_shm_channel(const CommImpl& comm, int64_t num_bytes,
+                                          double timeout_s) {
+  return std::make_unique<ShmChannel>(comm, num_bytes, timeout_s);
+}
+
+}  // namespace dsk::ep::detail

@@ -1,0 +1,173 @@
+// Helpers of the dsk::ep tests that run under mpirun: random routing, a plain MPI_Alltoallv
+// reference dispatch (upstream refs.py), and the deterministic combine inputs whose expected sums
+// every rank can recompute.
+#pragma once
+
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <dsk/core.hpp>
+#include <dsk/ep.hpp>
+
+namespace dsk::ep::test {
+
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+inline int world_size() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+// Fresh randomness per run and per rank.
+inline std::mt19937_64 rank_rng() {
+  std::random_device rd;
+  return std::mt19937_64((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                         (static_cast<uint64_t>(world_rank()) * 0x9E3779B97F4A7C15ull));
+}
+
+inline Tensor random_bf16(int64_t rows, int64_t cols, std::mt19937_64& rng) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  Tensor t = Tensor::empty({rows, cols}, DType::bf16);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<bf16>()[i] = f32_to_bf16(d(rng) + 0.01f);
+  return t;
+}
+
+// Distinct experts per token, about one slot in ten masked to -1.
+inline Tensor random_topk(int64_t T, int K, int E, std::mt19937_64& rng, double masked = 0.1) {
+  Tensor idx = Tensor::empty({T, K}, DType::i64);
+  std::vector<int> experts(E);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int64_t t = 0; t < T; ++t) {
+    std::iota(experts.begin(), experts.end(), 0);
+    for (int k = 0; k < K; ++k) {
+      std::swap(experts[k], experts[k + rng() % (E - k)]);
+      idx.data<int64_t>()[t * K + k] = u(rng) < masked ? -1 : experts[k];
+    }
+  }
+  return idx;
+}
+
+inline Tensor random_weights(int64_t T, int K, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> d(0.1f, 1.0f);
+  Tensor w = Tensor::empty({T, K}, DType::f32);
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = d(rng);
+  return w;
+}
+
+// The reference dispatch as refs.py writes it: per destination, the tokens that select one of its
+// experts, in token order, moved with MPI_Alltoallv.
+struct RefDispatch {
+  std::vector<std::byte> x;       // [N][row_bytes]
+  std::vector<float> sf;          // [N][H/128]
+  std::vector<int64_t> topk_idx;  // [N][K] local or -1
+  std::vector<float> weights;     // [N][K] (0 where not local)
+  std::vector<int32_t> src_idx;   // [N]
+  std::vector<int> recv_per_rank;
+  int64_t n = 0;
+};
+
+template <class T>
+std::vector<T> alltoallv(const std::vector<std::vector<T>>& send, const std::vector<int>& send_n,
+                         const std::vector<int>& recv_n, size_t per_row) {
+  const int R = static_cast<int>(send.size());
+  std::vector<int> sc(R), sd(R), rc(R), rd(R);
+  std::vector<T> flat;
+  int total = 0;
+  for (int r = 0; r < R; ++r) {
+    sc[r] = static_cast<int>(send_n[r] * per_row * sizeof(T));
+    sd[r] = static_cast<int>(flat.size() * sizeof(T));
+    flat.insert(flat.end(), send[r].begin(), send[r].end());
+    rc[r] = static_cast<int>(recv_n[r] * per_row * sizeof(T));
+    rd[r] = total;
+    total += rc[r];
+  }
+  std::vector<T> out(static_cast<size_t>(total) / sizeof(T));
+  MPI_Alltoallv(flat.data(), sc.data(), sd.data(), MPI_BYTE, out.data(), rc.data(), rd.data(),
+                MPI_BYTE, MPI_COMM_WORLD);
+  return out;
+}
+
+inline RefDispatch ref_dispatch(const Tensor& x, const Tensor* sf, const Tensor& topk,
+                                const Tensor* weights, int E) {
+  const int R = world_size(), me = world_rank(), El = E / R;
+  const int64_t T = x.size(0), K = topk.size(1);
+  const size_t row = x.nbytes() / static_cast<size_t>(std::max<int64_t>(T, 1));
+  const int64_t nsf = sf ? sf->size(1) : 0;
+  std::vector<std::vector<std::byte>> sx(R);
+  std::vector<std::vector<float>> ssf(R), sw(R);
+  std::vector<std::vector<int64_t>> sidx(R);
+  std::vector<std::vector<int32_t>> ssrc(R);
+  std::vector<int> sn(R, 0), rn(R, 0);
+  for (int d = 0; d < R; ++d) {
+    for (int64_t t = 0; t < T; ++t) {
+      bool hit = false;
+      for (int k = 0; k < K; ++k) {
+        const int64_t e = topk.data<int64_t>()[t * K + k];
+        hit = hit || (e >= d * El && e < (d + 1) * El);
+      }
+      if (!hit) continue;
+      ++sn[d];
+      const auto* xr = static_cast<const std::byte*>(x.data_ptr()) + t * row;
+      sx[d].insert(sx[d].end(), xr, xr + row);
+      for (int64_t j = 0; j < nsf; ++j) ssf[d].push_back(sf->data<float>()[t * nsf + j]);
+      for (int k = 0; k < K; ++k) {
+        sidx[d].push_back(topk.data<int64_t>()[t * K + k]);
+        sw[d].push_back(weights ? weights->data<float>()[t * K + k] : 0.0f);
+      }
+      ssrc[d].push_back(static_cast<int32_t>(t));
+    }
+  }
+  MPI_Alltoall(sn.data(), 1, MPI_INT, rn.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  RefDispatch ref;
+  ref.recv_per_rank = rn;
+  ref.n = std::accumulate(rn.begin(), rn.end(), int64_t{0});
+  ref.x = alltoallv(sx, sn, rn, row);
+  ref.sf = alltoallv(ssf, sn, rn, static_cast<size_t>(nsf));
+  ref.topk_idx = alltoallv(sidx, sn, rn, static_cast<size_t>(K));
+  ref.weights = alltoallv(sw, sn, rn, static_cast<size_t>(K));
+  ref.src_idx = alltoallv(ssrc, sn, rn, 1);
+  for (size_t i = 0; i < ref.topk_idx.size(); ++i) {
+    int64_t& e = ref.topk_idx[i];
+    const bool local = e >= me * El && e < (me + 1) * El;
+    e = local ? e - me * El : -1;
+    if (!local) ref.weights[i] = 0.0f;
+  }
+  return ref;
+}
+
+// Deterministic combine input for (global source id, tag, channel): every rank can recompute
+// what any other rank sent.
+inline float combine_value(int64_t gid, int tag, int64_t h) {
+  return bf16_to_f32(
+      f32_to_bf16(std::sin(0.37f * static_cast<float>(gid % 4099) + 1.3f * static_cast<float>(tag) +
+                           0.01f * static_cast<float>(h))));
+}
+
+inline uint64_t hash_bytes(const void* p, size_t n, uint64_t h = 1469598103934665603ull) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+// Whether `cond` holds on every rank (so all ranks take the same branch after a check).
+inline bool all_ranks(bool cond) {
+  int v = cond ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return v == 1;
+}
+
+}  // namespace dsk::ep::test
