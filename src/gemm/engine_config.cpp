@@ -28,19 +28,6 @@ constexpr int kLargeBlockK = 256;   // 32 KiB of bf16 panel rows: one pass of B 
 constexpr int kSmallBlockK = 256;   // with several row groups, a pass is re-read from L1
 constexpr int kItemsPerThread = 4;  // work items per thread: balance without tiny items
 
-const char* elem_name(kg::Elem e) {
-  switch (e) {
-    case kg::Elem::bf16:
-      return "bf16";
-    case kg::Elem::e4m3:
-      return "e4m3";
-    case kg::Elem::e2m1:
-      return "e2m1";
-    default:
-      return "any";
-  }
-}
-
 int64_t panels_of(int64_t n) {
   return kg::ceil_div(n, kg::kPanelCols);
 }
@@ -83,6 +70,19 @@ PathBlocks small_blocks(const ProblemShape& s) {
 }
 
 }  // namespace
+
+const char* elem_name(kg::Elem e) {
+  switch (e) {
+    case kg::Elem::bf16:
+      return "bf16";
+    case kg::Elem::e4m3:
+      return "e4m3";
+    case kg::Elem::e2m1:
+      return "e2m1";
+    default:
+      return "any";
+  }
+}
 
 KernelConfig heuristic_config(const ProblemShape& shape) {
   KernelConfig c;

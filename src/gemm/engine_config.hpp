@@ -40,6 +40,9 @@ struct KernelConfig {
   std::string origin = "heuristic";  // "heuristic", "autotuned" or "cached" (from disk)
 };
 
+// The short name of an element type ("bf16", "e4m3", "e2m1"), for config lines and kernel names.
+const char* elem_name(kg::Elem e);
+
 // The heuristic: a pure function of the shape.
 KernelConfig heuristic_config(const ProblemShape& shape);
 // The configs the autotuner times (the heuristic's first).

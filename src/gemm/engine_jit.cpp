@@ -13,25 +13,13 @@
 #include <dsk/core/env.hpp>
 #include <dsk/core/error.hpp>
 
+#include "gemm/engine_config.hpp"
 #include "gemm/engine_kernels.hpp"
 
 namespace dsk::gemm::engine {
 namespace {
 
 constexpr const char* kNamespace = "dsk::kernels::gemm";
-
-const char* elem_name(kg::Elem e) {
-  switch (e) {
-    case kg::Elem::bf16:
-      return "bf16";
-    case kg::Elem::e4m3:
-      return "e4m3";
-    case kg::Elem::e2m1:
-      return "e2m1";
-    default:
-      return "any";
-  }
-}
 
 const char* out_name(kg::OutType t) {
   return t == kg::OutType::f32 ? "f32" : t == kg::OutType::bf16 ? "bf16" : "any";
