@@ -14,6 +14,7 @@
   X(core)                    \
   X(gemm)                    \
   X(tk)                      \
+  X(topk)                    \
   X(ep)
 
 namespace dsk::bench {

@@ -6,4 +6,5 @@
 #include <dsk/gemm.hpp>
 #include <dsk/jit.hpp>
 #include <dsk/ref.hpp>
+#include <dsk/select.hpp>
 #include <dsk/tk.hpp>

@@ -75,8 +75,9 @@ struct TopkCompareResult {
 // entries are distinct, its number of selections equals the expected one, and:
 //   - without `values`: it selects the same set as `indices_expected`;
 //   - with `values` ([b, n], any float dtype, the scores the selection was made from): its indices
-//     lie in the candidate range, every selected value is >= every unselected candidate value, and
-//     it differs from the expected set only by swapping equal values (ties are arbitrary).
+//     lie in the candidate range, every selected value is >= every unselected candidate value (NaN
+//     ranking above every number, torch.topk's order), and it differs from the expected set only
+//     by swapping equal values (ties are arbitrary).
 TopkCompareResult compare_topk_sets(const Tensor& indices_actual, const Tensor& indices_expected,
                                     const std::optional<Tensor>& values = std::nullopt,
                                     const TopkCompareOptions& options = {});
@@ -236,3 +237,29 @@ Tensor apply_rotary(const Tensor& x, const Tensor& cos_sin_cache,
 Tensor hadamard_transform(const Tensor& x, double scale = 1.0);
 
 }  // namespace dsk::ref::tk
+
+// ================================================================================================
+// ---- select (the oracle of dsk::select) ----
+//
+// A stable sort of each row's candidates: larger value first, NaN above every number, equal values
+// in increasing position; the first k are the selection, in that order (rows with fewer than k
+// candidates are padded). The same contract as dsk::select::topk (include/dsk/select.hpp) up to
+// the order of the output and the choice among equal values.
+#include <dsk/select.hpp>
+
+namespace dsk::ref::select {
+
+using dsk::select::TopkResult;
+
+// Indices int32 [b, k] (positions + offset, or fill), values f64 [b, k] (-inf for fills).
+TopkResult topk(const Tensor& x, int64_t k, const std::optional<Tensor>& ends = std::nullopt,
+                const std::optional<Tensor>& starts = std::nullopt,
+                const std::optional<Tensor>& output_idx_offset = std::nullopt,
+                int32_t idx_oob_fill_value = -1);
+
+// Each selected position j of row i as the slot page_table[i, j / p] * p + j % p; fills -1.
+Tensor topk_page_table_transform(const Tensor& x, int64_t k, const std::optional<Tensor>& ends,
+                                 const Tensor& page_table, int64_t page_block_size,
+                                 const std::optional<Tensor>& starts = std::nullopt);
+
+}  // namespace dsk::ref::select

@@ -58,6 +58,11 @@ bool same_value(double a, double b) {
   return a == b || (std::isnan(a) && std::isnan(b));
 }
 
+// The top-k order: NaN ranks above every number (torch.topk's order, and dsk::select's).
+bool ranks_below(double a, double b) {
+  return (!std::isnan(a) && std::isnan(b)) || a < b;
+}
+
 // What is wrong with one row ("" when it passes).
 std::string check_row(const std::vector<int64_t>& act, const std::vector<int64_t>& exp,
                       const RowContext& ctx) {
@@ -85,10 +90,10 @@ std::string check_row(const std::vector<int64_t>& act, const std::vector<int64_t
   for (int64_t i : act) selected[i] = true;
   int64_t lowest = -1, highest = -1;
   for (int64_t i : act)
-    if (lowest < 0 || v[i] < v[lowest]) lowest = i;
+    if (lowest < 0 || ranks_below(v[i], v[lowest])) lowest = i;
   for (int64_t i = ctx.start; i < ctx.end; ++i)
-    if (!selected[i] && (highest < 0 || v[i] > v[highest])) highest = i;
-  if (lowest >= 0 && highest >= 0 && !(v[lowest] >= v[highest]))
+    if (!selected[i] && (highest < 0 || ranks_below(v[highest], v[i]))) highest = i;
+  if (lowest >= 0 && highest >= 0 && ranks_below(v[lowest], v[highest]))
     return fmt::format(
         "selected index {} (value {:.7g}) is below unselected index {} (value {:.7g})", lowest,
         v[lowest], highest, v[highest]);

@@ -1,0 +1,514 @@
+// Top-k of one row segment, DeepSelect's design on a CPU core: one streaming pass over the values
+// with a threshold that only rises, a candidate buffer that takes every value above it, and a
+// radix select that cuts the buffer back to k (and raises the threshold) whenever it fills.
+//
+// Order: values compare by an order-preserving 32-bit key of their float bits (bf16 is widened
+// exactly); every NaN has the largest key, so NaN ranks above +inf, as in torch.topk. Values that
+// compare equal are interchangeable: which of them are kept depends only on the visiting order,
+// which is fixed, so results repeat bit for bit.
+//
+// The per-ISA part is only the scan (filter_greater / append_all); the buffer logic is shared.
+// Header-only; the AVX-512 scan needs the avx512 baseline of dsk/kernels/abi.hpp.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <type_traits>
+
+#include <dsk/kernels/numeric.hpp>
+#include <dsk/kernels/tile/isa.hpp>
+
+#if DSK_TILE_HAS_AVX512
+#include <immintrin.h>
+#endif
+
+namespace dsk::select::kernels {
+inline namespace DSK_TILE_ABI {
+
+// ---- keys ----
+
+// The float bits of a row value (bf16 widened exactly).
+template <class T>
+inline uint32_t value_bits(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    uint32_t b;
+    std::memcpy(&b, &x, 4);
+    return b;
+  } else {
+    return static_cast<uint32_t>(x.bits) << 16;
+  }
+}
+
+// Larger float -> larger key; -0 < +0; every NaN -> the largest key.
+inline uint32_t order_key(uint32_t bits) {
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0xFFFFFFFFu;
+  return (bits & 0x80000000u) ? ~bits : bits ^ 0x80000000u;
+}
+
+inline uint32_t bits_of_key(uint32_t key) {
+  return (key & 0x80000000u) ? key ^ 0x80000000u : ~key;
+}
+
+inline constexpr uint32_t kNanKey = 0xFFFFFFFFu;
+
+// ---- the scan, per ISA ----
+// filter_greater appends (bits, position) of every x[j], j in [begin, end), whose value is greater
+// than t or NaN; append_all appends every one. Both return how many they appended and may write
+// up to 16 entries past that (the buffer keeps that slack).
+
+template <class I>
+struct Scan;
+
+template <>
+struct Scan<tile::generic_t> {
+  template <class T>
+  static int64_t filter_greater(const T* x, int64_t begin, int64_t end, float t, uint32_t* bits,
+                                int32_t* pos) {
+    int64_t n = 0;
+    for (int64_t j = begin; j < end; ++j) {
+      const uint32_t b = value_bits(x[j]);
+      float v;
+      std::memcpy(&v, &b, 4);
+      if (!(v <= t)) {  // greater, or unordered (NaN)
+        bits[n] = b;
+        pos[n] = static_cast<int32_t>(j);
+        ++n;
+      }
+    }
+    return n;
+  }
+  template <class T>
+  static int64_t append_all(const T* x, int64_t begin, int64_t end, uint32_t* bits, int32_t* pos) {
+    for (int64_t j = begin; j < end; ++j) {
+      bits[j - begin] = value_bits(x[j]);
+      pos[j - begin] = static_cast<int32_t>(j);
+    }
+    return end - begin;
+  }
+
+  // out[i] = pos[i] + offset.
+  static void offset_positions(const int32_t* pos, int64_t n, int32_t offset, int32_t* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = pos[i] + offset;
+  }
+
+  // keys[i] = order_key(bits[i]), and their smallest and largest.
+  static void make_keys(const uint32_t* bits, int64_t n, uint32_t* keys, uint32_t& lo,
+                        uint32_t& hi) {
+    lo = 0xFFFFFFFFu;
+    hi = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      keys[i] = order_key(bits[i]);
+      lo = std::min(lo, keys[i]);
+      hi = std::max(hi, keys[i]);
+    }
+  }
+  // The keys of `in` whose field (key >> shift) & mask equals bin, in order; returns how many.
+  static int64_t gather_bin(const uint32_t* in, int64_t m, int shift, uint32_t mask, uint32_t bin,
+                            uint32_t* out) {
+    int64_t kept = 0;
+    for (int64_t i = 0; i < m; ++i)
+      if (((in[i] >> shift) & mask) == bin) out[kept++] = in[i];
+    return kept;
+  }
+  // Keeps, in order, the candidates whose key is above kth and the first `need` equal to it.
+  static int64_t compact(uint32_t* bits, int32_t* pos, const uint32_t* keys, int64_t n,
+                         uint32_t kth, int64_t need) {
+    int64_t out = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const bool equal = keys[i] == kth;
+      if (keys[i] > kth || (equal && need > 0)) {
+        need -= equal;
+        bits[out] = bits[i];
+        pos[out] = pos[i];
+        ++out;
+      }
+    }
+    return out;
+  }
+};
+
+DSK_SILENCE_GCC_BUG_105593_BEGIN  // see dsk/kernels/abi.hpp
+#if DSK_TILE_HAS_AVX512
+template <>
+struct Scan<tile::avx512_t> {
+  // 16 values as f32 (bf16 widened by a shift of its bits).
+  template <class T>
+  static __m512 load16(const T* p) {
+    if constexpr (std::is_same_v<T, float>) {
+      return _mm512_loadu_ps(p);
+    } else {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+  }
+  template <class T>
+  static __m512 load16_masked(const T* p, __mmask16 m) {
+    if constexpr (std::is_same_v<T, float>) {
+      return _mm512_maskz_loadu_ps(m, p);
+    } else {
+      const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+  }
+
+  // Compress in registers, then one full store: the memory form of vpcompressd is microcoded
+  // (slow) on AMD cores.
+  static int append(__m512 v, __mmask16 m, __m512i lanes, uint32_t* bits, int32_t* pos) {
+    _mm512_storeu_si512(bits, _mm512_maskz_compress_epi32(m, _mm512_castps_si512(v)));
+    _mm512_storeu_si512(pos, _mm512_maskz_compress_epi32(m, lanes));
+    return __builtin_popcount(m);
+  }
+
+  template <class T>
+  static int64_t filter_greater(const T* x, int64_t begin, int64_t end, float t, uint32_t* bits,
+                                int32_t* pos) {
+    const __m512 threshold = _mm512_set1_ps(t);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int64_t n = 0, j = begin;
+    // Four vectors per step: most steps append nothing and cost 4 loads and 4 compares.
+    for (; j + 64 <= end; j += 64) {
+      const __m512 v0 = load16(x + j), v1 = load16(x + j + 16), v2 = load16(x + j + 32),
+                   v3 = load16(x + j + 48);
+      const __mmask16 m0 = _mm512_cmp_ps_mask(v0, threshold, _CMP_NLE_UQ),
+                      m1 = _mm512_cmp_ps_mask(v1, threshold, _CMP_NLE_UQ),
+                      m2 = _mm512_cmp_ps_mask(v2, threshold, _CMP_NLE_UQ),
+                      m3 = _mm512_cmp_ps_mask(v3, threshold, _CMP_NLE_UQ);
+      if (((m0 | m1) | (m2 | m3)) == 0) continue;
+      const __m512i base = _mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int32_t>(j)));
+      const __m512i sixteen = _mm512_set1_epi32(16);
+      n += append(v0, m0, base, bits + n, pos + n);
+      const __m512i base1 = _mm512_add_epi32(base, sixteen);
+      n += append(v1, m1, base1, bits + n, pos + n);
+      const __m512i base2 = _mm512_add_epi32(base1, sixteen);
+      n += append(v2, m2, base2, bits + n, pos + n);
+      n += append(v3, m3, _mm512_add_epi32(base2, sixteen), bits + n, pos + n);
+    }
+    for (; j < end; j += 16) {
+      const int left = static_cast<int>(std::min<int64_t>(16, end - j));
+      const __mmask16 valid = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1u);
+      const __m512 v = load16_masked(x + j, valid);
+      const __mmask16 m = _mm512_mask_cmp_ps_mask(valid, v, threshold, _CMP_NLE_UQ);
+      if (m == 0) continue;
+      const __m512i base = _mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int32_t>(j)));
+      n += append(v, m, base, bits + n, pos + n);
+    }
+    return n;
+  }
+
+  template <class T>
+  static int64_t append_all(const T* x, int64_t begin, int64_t end, uint32_t* bits, int32_t* pos) {
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int64_t j = begin; j < end; j += 16) {
+      const int left = static_cast<int>(std::min<int64_t>(16, end - j));
+      const __mmask16 valid = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1u);
+      const __m512 v = load16_masked(x + j, valid);
+      _mm512_storeu_si512(bits + (j - begin), _mm512_castps_si512(v));
+      _mm512_storeu_si512(pos + (j - begin),
+                          _mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int32_t>(j))));
+    }
+    return end - begin;
+  }
+
+  static __m512i keys16(__m512i v) {
+    const __m512i sign = _mm512_srai_epi32(v, 31);
+    const __m512i key = _mm512_xor_si512(v, _mm512_or_si512(sign, _mm512_set1_epi32(INT32_MIN)));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(v, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+    return _mm512_mask_mov_epi32(key, nan, _mm512_set1_epi32(-1));
+  }
+  static __mmask16 first_lanes(int64_t left) {
+    return static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1u);
+  }
+
+  static void offset_positions(const int32_t* pos, int64_t n, int32_t offset, int32_t* out) {
+    const __m512i add = _mm512_set1_epi32(offset);
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 valid = first_lanes(n - i);
+      _mm512_mask_storeu_epi32(out + i, valid,
+                               _mm512_add_epi32(_mm512_maskz_loadu_epi32(valid, pos + i), add));
+    }
+  }
+
+  static void make_keys(const uint32_t* bits, int64_t n, uint32_t* keys, uint32_t& lo,
+                        uint32_t& hi) {
+    __m512i vlo = _mm512_set1_epi32(-1), vhi = _mm512_setzero_si512();
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 valid = first_lanes(n - i);
+      const __m512i key = keys16(_mm512_maskz_loadu_epi32(valid, bits + i));
+      _mm512_mask_storeu_epi32(keys + i, valid, key);
+      vlo = _mm512_mask_min_epu32(vlo, valid, vlo, key);
+      vhi = _mm512_mask_max_epu32(vhi, valid, vhi, key);
+    }
+    lo = _mm512_reduce_min_epu32(vlo);
+    hi = _mm512_reduce_max_epu32(vhi);
+  }
+  static int64_t gather_bin(const uint32_t* in, int64_t m, int shift, uint32_t mask, uint32_t bin,
+                            uint32_t* out) {
+    const __m512i field_mask = _mm512_set1_epi32(static_cast<int32_t>(mask));
+    const __m512i wanted = _mm512_set1_epi32(static_cast<int32_t>(bin));
+    const __m128i count = _mm_cvtsi32_si128(shift);
+    int64_t kept = 0;
+    for (int64_t i = 0; i < m; i += 16) {
+      const __mmask16 valid = first_lanes(m - i);
+      const __m512i key = _mm512_maskz_loadu_epi32(valid, in + i);
+      const __m512i field = _mm512_and_si512(_mm512_srl_epi32(key, count), field_mask);
+      const __mmask16 hit = _mm512_mask_cmpeq_epi32_mask(valid, field, wanted);
+      _mm512_storeu_si512(out + kept, _mm512_maskz_compress_epi32(hit, key));
+      kept += __builtin_popcount(hit);
+    }
+    return kept;
+  }
+  // In place: a step stores at out <= i after loading [i, i + 16), so it never overwrites an
+  // element that is still to be read.
+  static int64_t compact(uint32_t* bits, int32_t* pos, const uint32_t* keys, int64_t n,
+                         uint32_t kth, int64_t need) {
+    const __m512i threshold = _mm512_set1_epi32(static_cast<int32_t>(kth));
+    int64_t out = 0;
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 valid = first_lanes(n - i);
+      const __m512i key = _mm512_maskz_loadu_epi32(valid, keys + i);
+      uint32_t equal = _mm512_mask_cmpeq_epi32_mask(valid, key, threshold);
+      // Ties: only the first `need` of them, in order.
+      while (__builtin_popcount(equal) > need) equal ^= 1u << (31 - __builtin_clz(equal));
+      need -= __builtin_popcount(equal);
+      const __mmask16 keep =
+          _mm512_mask_cmpgt_epu32_mask(valid, key, threshold) | static_cast<__mmask16>(equal);
+      const __m512i b = _mm512_maskz_loadu_epi32(valid, bits + i);
+      const __m512i p = _mm512_maskz_loadu_epi32(valid, pos + i);
+      _mm512_storeu_si512(bits + out, _mm512_maskz_compress_epi32(keep, b));
+      _mm512_storeu_si512(pos + out, _mm512_maskz_compress_epi32(keep, p));
+      out += __builtin_popcount(keep);
+    }
+    return out;
+  }
+};
+
+template <>
+struct Scan<tile::amx_t> : Scan<tile::avx512_t> {};
+#endif
+DSK_SILENCE_GCC_BUG_105593_END
+
+// ---- the candidate buffer ----
+
+// Sizes of the buffer for a given k: it is cut back to k when it holds k + slack candidates, and
+// a scan step appends at most kStep (plus 16 entries written past the end).
+inline constexpr int64_t kStep = 1024;
+inline constexpr int64_t slack_for(int64_t k) {
+  return std::clamp<int64_t>(2 * k, 2048, 8192);
+}
+inline constexpr int64_t buffer_capacity(int64_t k) {
+  return k + slack_for(k) + kStep + 16;
+}
+
+// Scratch for one row segment: candidate bits and positions, plus key space for the select.
+struct Buffer {
+  uint32_t* bits;  // buffer_capacity(k)
+  int32_t* pos;    // buffer_capacity(k)
+  uint32_t* keys;  // 2 * buffer_capacity(k): the keys, then the narrowing subsets of the select
+};
+
+// Bits per radix round: 256 bins keep the four histogram tables (4 KiB) cheap to clear.
+inline constexpr int kRadixBits = 8;
+
+// Counts of the field (key >> shift) & (bins - 1) over m keys. With many keys, four interleaved
+// tables keep runs of keys in one bin from serialising on one counter.
+inline void histogram(const uint32_t* keys, int64_t m, int shift, uint32_t bins, uint32_t* hist) {
+  const uint32_t mask = bins - 1;
+  if (m < static_cast<int64_t>(bins)) {  // few keys: clearing four tables would dominate
+    std::fill(hist, hist + bins, 0u);
+    for (int64_t i = 0; i < m; ++i) ++hist[(keys[i] >> shift) & mask];
+    return;
+  }
+  uint32_t part[4][1u << kRadixBits];
+  for (auto& p : part) std::fill(p, p + bins, 0u);
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4)
+    for (int j = 0; j < 4; ++j) ++part[j][(keys[i + j] >> shift) & mask];
+  for (; i < m; ++i) ++part[0][(keys[i] >> shift) & mask];
+  for (uint32_t b = 0; b < bins; ++b) hist[b] = part[0][b] + part[1][b] + part[2][b] + part[3][b];
+}
+
+// Keeps exactly k of the n > k candidates (in buffer order): every one whose key is above the
+// k-th largest key, then those equal to it until k are kept. Returns the k-th largest key.
+// Radix select from the highest bit in which the keys differ, kRadixBits per round, each round over
+// the keys of the previous round's bin (gathered behind the n keys, in the second half of b.keys).
+template <class I>
+uint32_t keep_largest(Buffer& b, int64_t n, int64_t k) {
+  using S = Scan<I>;
+  uint32_t lo = 0, hi = 0;
+  S::make_keys(b.bits, n, b.keys, lo, hi);
+  int undecided = lo == hi ? 0 : 32 - __builtin_clz(lo ^ hi);  // bits [0, undecided) differ
+  uint32_t prefix = undecided == 32 ? 0 : hi & ~((1u << undecided) - 1u);
+  int64_t need = k;  // how many of the keys matching `prefix` must still be taken
+  const uint32_t* in = b.keys;
+  int64_t m = n;
+  uint32_t* subset = b.keys + n;
+  uint32_t hist[1u << kRadixBits];
+  while (undecided > 0) {
+    const int width = std::min(kRadixBits, undecided), shift = undecided - width;
+    const uint32_t bins = 1u << width;
+    histogram(in, m, shift, bins, hist);
+    uint32_t bin = bins - 1;
+    while (static_cast<int64_t>(hist[bin]) < need) need -= hist[bin--];
+    prefix |= bin << shift;
+    undecided = shift;
+    if (undecided > 0 && static_cast<int64_t>(hist[bin]) < m) {  // else all are in the bin
+      m = S::gather_bin(in, m, shift, bins - 1, bin, subset);
+      in = subset;
+    }
+  }
+  S::compact(b.bits, b.pos, b.keys, n, prefix, need);
+  return prefix;
+}
+
+// The row is visited in blocks of kVisit values in a fixed scattered order (a stride coprime with
+// their count), so that a rising sequence (sorted input) does not send every value into the
+// buffer; a block is long enough for the hardware prefetcher to stream it.
+inline constexpr int64_t kVisit = 8 * kStep;
+
+inline int64_t visiting_stride(int64_t blocks) {
+  if (blocks <= 2) return 1;
+  int64_t s = blocks / 2 + 1;
+  while (std::gcd(s, blocks) != 1) ++s;
+  return s;
+}
+
+// The top k of x[begin, end) (end - begin > k) into the buffer: returns with exactly k candidates
+// in b.bits / b.pos (positions absolute in x).
+template <class I, class T>
+void select_segment(const T* x, int64_t begin, int64_t end, int64_t k, Buffer& b) {
+  const int64_t slack = slack_for(k);
+  const int64_t blocks = (end - begin + kVisit - 1) / kVisit;
+  const int64_t stride = visiting_stride(blocks);
+  int64_t n = 0;
+  bool have_threshold = false;
+  float threshold = 0.0f;
+  for (int64_t visit = 0, block = 0; visit < blocks; ++visit, block = (block + stride) % blocks) {
+    const int64_t block_end = std::min(end, begin + (block + 1) * kVisit);
+    for (int64_t j0 = begin + block * kVisit; j0 < block_end; j0 += kStep) {
+      const int64_t j1 = std::min(block_end, j0 + kStep);
+      n += have_threshold ? Scan<I>::filter_greater(x, j0, j1, threshold, b.bits + n, b.pos + n)
+                          : Scan<I>::append_all(x, j0, j1, b.bits + n, b.pos + n);
+      if (n < k + slack) continue;
+      const uint32_t kth = keep_largest<I>(b, n, k);
+      n = k;
+      if (kth == kNanKey) return;  // k NaNs: nothing ranks above them
+      const uint32_t bits = bits_of_key(kth);
+      std::memcpy(&threshold, &bits, 4);
+      have_threshold = true;
+    }
+  }
+  if (n > k) keep_largest<I>(b, n, k);
+}
+
+// ---- whole rows ----
+
+// What a launch over rows needs (pointers to the API layer's checked tensors).
+struct RowArgs {
+  const void* x = nullptr;  // T [b, N]
+  int64_t x_stride = 0;
+  int64_t cols = 0;                 // N
+  const int32_t* starts = nullptr;  // [b] or null (0)
+  const int32_t* ends = nullptr;    // [b] or null (N)
+  int64_t k = 0;
+  int32_t* indices = nullptr;           // [b, k]
+  void* values = nullptr;               // T [b, k] or null
+  const int32_t* offsets = nullptr;     // [b] or null
+  const int32_t* page_table = nullptr;  // [b, max_blocks] or null
+  int64_t page_stride = 0;
+  int64_t page_block_size = 0;
+  int32_t fill = -1;
+  bool sorted_index = false;
+};
+
+inline int64_t row_begin(const RowArgs& a, int64_t row) {
+  return a.starts ? a.starts[row] : 0;
+}
+inline int64_t row_end(const RowArgs& a, int64_t row) {
+  return a.ends ? a.ends[row] : a.cols;
+}
+
+// The output index of position j of row `row`: the position plus the offset, or its global slot.
+inline int32_t output_index(const RowArgs& a, int64_t row, int32_t j) {
+  if (a.page_table) {
+    const int64_t block = a.page_table[row * a.page_stride + j / a.page_block_size];
+    return static_cast<int32_t>(block * a.page_block_size + j % a.page_block_size);
+  }
+  return a.offsets ? j + a.offsets[row] : j;
+}
+
+template <class T>
+inline T value_of_bits(uint32_t bits) {
+  if constexpr (std::is_same_v<T, float>) {
+    float v;
+    std::memcpy(&v, &bits, 4);
+    return v;
+  } else {
+    return T{static_cast<uint16_t>(bits >> 16)};
+  }
+}
+
+// Writes row `row`'s outputs from its n <= k selected (bits, positions) and pads the rest.
+// scratch: n entries, used to sort by position when sorted_index.
+template <class I, class T>
+void write_row(const RowArgs& a, int64_t row, uint32_t* bits, int32_t* pos, int64_t n,
+               uint64_t* scratch) {
+  if (a.sorted_index && n > 1) {
+    // Positions are distinct and non-negative: sorting (position << 32 | bits) sorts the pairs.
+    for (int64_t i = 0; i < n; ++i)
+      scratch[i] = static_cast<uint64_t>(static_cast<uint32_t>(pos[i])) << 32 | bits[i];
+    std::sort(scratch, scratch + n);
+    for (int64_t i = 0; i < n; ++i) {
+      pos[i] = static_cast<int32_t>(scratch[i] >> 32);
+      bits[i] = static_cast<uint32_t>(scratch[i]);
+    }
+  }
+  int32_t* idx = a.indices + row * a.k;
+  if (a.page_table)
+    for (int64_t i = 0; i < n; ++i) idx[i] = output_index(a, row, pos[i]);
+  else
+    Scan<I>::offset_positions(pos, n, a.offsets ? a.offsets[row] : 0, idx);
+  for (int64_t i = n; i < a.k; ++i) idx[i] = a.fill;
+  if (a.values) {
+    T* v = static_cast<T*>(a.values) + row * a.k;
+    for (int64_t i = 0; i < n; ++i) v[i] = value_of_bits<T>(bits[i]);
+    for (int64_t i = n; i < a.k; ++i) v[i] = value_of_bits<T>(0xFF800000u);  // -inf
+  }
+}
+
+// Every position of [begin, end) as candidates (a row or segment no longer than k).
+template <class I, class T>
+int64_t take_all(const RowArgs& a, int64_t row, int64_t begin, int64_t end, Buffer& b) {
+  const T* x = static_cast<const T*>(a.x) + row * a.x_stride;
+  return Scan<I>::append_all(x, begin, end, b.bits, b.pos);
+}
+
+// The candidates of positions [begin, end) of row `row` into b: all of them when there are at
+// most k, else the top k. Returns how many.
+template <class I, class T>
+int64_t segment_candidates(const RowArgs& a, int64_t row, int64_t begin, int64_t end, Buffer& b) {
+  if (end - begin <= a.k) return take_all<I, T>(a, row, begin, end, b);
+  select_segment<I>(static_cast<const T*>(a.x) + row * a.x_stride, begin, end, a.k, b);
+  return a.k;
+}
+
+// Rows [row0, row1), each by one thread.
+template <class I, class T>
+void topk_rows(const RowArgs& a, int64_t row0, int64_t row1, Buffer& b) {
+  for (int64_t row = row0; row < row1; ++row) {
+    const int64_t n = segment_candidates<I, T>(a, row, row_begin(a, row), row_end(a, row), b);
+    write_row<I, T>(a, row, b.bits, b.pos, n, reinterpret_cast<uint64_t*>(b.keys));
+  }
+}
+
+// One row from the candidates of its segments, gathered in b (n of them, any n).
+template <class I, class T>
+void merge_row(const RowArgs& a, int64_t row, int64_t n, Buffer& b) {
+  if (n > a.k) n = (keep_largest<I>(b, n, a.k), a.k);
+  write_row<I, T>(a, row, b.bits, b.pos, n, reinterpret_cast<uint64_t*>(b.keys));
+}
+
+}  // namespace DSK_TILE_ABI
+}  // namespace dsk::select::kernels
