@@ -13,6 +13,7 @@
   X(ceilings)                \
   X(core)                    \
   X(gemm)                    \
+  X(indexer)                 \
   X(tk)                      \
   X(topk)                    \
   X(ep)

@@ -200,6 +200,23 @@ void k_grouped_fp8_gemm_tn_contiguous(const Fp8Tensor& a, const Fp8Tensor& b, co
                                       bool use_psum_layout = false);
 
 // ---------------------------------------------------------------------------------------------
+// MQA logits of the V3.2 lightning indexer (docs/gemm.md, "MQA logits"):
+//   logits[i, j] = sum_h relu(sum_d q[i, h, d] * kv[j, d] * kv_sf[j]) * weights[i, h]
+// for j in [cu_seq_len_k_start[i], cu_seq_len_k_end[i]). q e4m3 [S, H, D] (last dimension
+// contiguous; H a multiple of 4 up to 128, D in {32, 64, 128}), kv = {e4m3 [Skv, D], f32 [Skv]},
+// weights f32 [S, H], starts / ends int32 [S] with 0 <= start <= end <= Skv.
+//   - Output: logits_dtype (f32 or bf16) [S, Skv], a view whose row stride is upstream's
+//     align(Skv + 256, 1024 bytes / element size); with clean_logits every entry outside a row's
+//     range is -inf, without it those entries are left unwritten (as upstream).
+//   - max_seqlen_k > 0: the compressed output [S, max_seqlen_k], column c = kv row start[i] + c
+//     (row stride align(max_seqlen_k + 256, ...)); clean_logits must be false, end - start must
+//     not exceed max_seqlen_k, and columns past a row's length are left unwritten.
+Tensor fp8_mqa_logits(const Tensor& q, const Fp8Tensor& kv, const Tensor& weights,
+                      const Tensor& cu_seq_len_k_start, const Tensor& cu_seq_len_k_end,
+                      bool clean_logits = true, int64_t max_seqlen_k = 0,
+                      DType logits_dtype = DType::f32);
+
+// ---------------------------------------------------------------------------------------------
 // Settings. The CPU default alignment is documented in docs/gemm.md with the measurement that
 // chose it; a value set here is honoured by every contiguous-layout user (grouped GEMM, tk's
 // fused mapping, ep's expand mode).

@@ -100,6 +100,13 @@ Tensor gemm_nt(const Tensor& a, const Tensor& b, const std::optional<Tensor>& c 
 // [.., mn, k].
 Tensor dequantize(const Tensor& data, const Tensor& sf, int gran_mn, int gran_k);
 
+// The indexer's MQA logits in fp64: logits[i, j] = sum_h max(0, kv_sf[j] * sum_d q[i, h, d] *
+// kv[j, d]) * weights[i, h] for j in [ks[i], ke[i]), -inf elsewhere. q [S, H, D], kv [Skv, D] in
+// any float dtype (e4m3 as its values), kv_sf f32 [Skv], weights [S, H], ks / ke int32 [S].
+// Returns f64 [S, Skv].
+Tensor mqa_logits(const Tensor& q, const Tensor& kv, const Tensor& kv_sf, const Tensor& weights,
+                  const Tensor& ks, const Tensor& ke);
+
 // ---- seeded random tensors ----
 //
 // Element i (row-major; fp4x2: value 2i and 2i+1 of byte i) depends only on (seed, i): the same

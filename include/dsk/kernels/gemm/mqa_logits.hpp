@@ -1,0 +1,136 @@
+// The V3.2 lightning indexer's dense MQA logits on the tile layer's dot tiles:
+//     logits[i, j] = sum_h relu(sf[j] * (q[i, h, :] . kv[j, :])) * w[i, h]
+// The (query, head) rows of a block of queries form the M side of a dot-tile product with a panel
+// of 64 kv rows (bf16 VNNI pairs, widened once per call), K = D; the relu-weighted reduction over
+// heads is the epilogue, so the scores never leave L1. Heads are summed in increasing h, so a
+// logit does not depend on the thread count.
+//
+// Header-only; the AVX-512 instances need the avx512 baseline of dsk/kernels/abi.hpp.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include <dsk/kernels/numeric.hpp>
+#include <dsk/kernels/tile/convert.hpp>
+#include <dsk/kernels/tile/dot.hpp>
+
+namespace dsk::kernels::gemm {
+
+// kv rows per panel: four 16-lane vectors.
+inline constexpr int64_t kMqaPanel = 64;
+// Queries per block: 3 queries of H (a multiple of 4) heads make a multiple of 12 rows, so the
+// block splits into 6-row dot tiles (plus a 2- or 4-row tile only for a short last block).
+inline constexpr int64_t kMqaQueries = 3;
+
+inline namespace DSK_TILE_ABI {
+
+struct MqaArgs {
+  const bf16* kv_panels = nullptr;  // [panels][D / 2][kMqaPanel][2]
+  const float* kv_sf = nullptr;     // [panels * kMqaPanel], zero past skv
+  int64_t skv = 0, d = 0, heads = 0;
+  const e4m3* q = nullptr;  // q[i, h, :] at q + i * q_stride_s + h * q_stride_h
+  int64_t q_stride_s = 0, q_stride_h = 0;
+  const float* w = nullptr;  // w[i, h] at w + i * w_stride + h
+  int64_t w_stride = 0;
+  const int32_t* ks = nullptr;  // [S]
+  const int32_t* ke = nullptr;  // [S]
+  void* out = nullptr;          // f32 or bf16, row i at out + i * out_stride (elements)
+  int64_t out_stride = 0;
+  bool out_bf16 = false;
+  bool compressed = false;  // column c of row i is kv row ks[i] + c
+};
+
+// Per-thread scratch of mqa_logits_block.
+struct MqaScratch {
+  bf16* q;       // kMqaQueries * heads * d
+  float* tile;   // 6 * kMqaPanel
+  float* logit;  // kMqaQueries * kMqaPanel
+};
+
+// kv e4m3 [skv, d] (row stride ld) -> panels of bf16 pairs; rows past skv are zero. row: d bf16.
+template <class I>
+void mqa_pack_kv(const e4m3* kv, int64_t ld, int64_t skv, int64_t d, int64_t p0, int64_t p1,
+                 bf16* panels, bf16* row) {
+  for (int64_t p = p0; p < p1; ++p) {
+    bf16* panel = panels + p * d * kMqaPanel;
+    for (int64_t c = 0; c < kMqaPanel; ++c) {
+      const int64_t j = p * kMqaPanel + c;
+      if (j < skv)
+        tile::convert_n<I>(kv + j * ld, row, static_cast<size_t>(d));
+      else
+        std::fill(row, row + d, bf16{0});
+      for (int64_t k = 0; k < d; ++k) panel[(k / 2) * 2 * kMqaPanel + 2 * c + (k % 2)] = row[k];
+    }
+  }
+}
+
+namespace mqa_detail {
+
+// The dot tile of `Rows` (query, head) rows starting at row r0 of the block against one panel,
+// then its relu-weighted contribution to the block's logits.
+template <class I, int Rows>
+inline void rows_into_logits(const MqaArgs& a, int64_t i0, int64_t r0, const bf16* panel,
+                             const float* sf, MqaScratch& s) {
+  tile::DotTile<I, Rows, kMqaPanel / tile::kDotLanes> t;
+  tile::dot_zero(t);
+  tile::dot_steps(t, s.q + r0 * a.d, a.d, panel, 2 * kMqaPanel, a.d / 2);
+  tile::dot_store(t, s.tile, kMqaPanel);
+  for (int r = 0; r < Rows; ++r) {
+    const int64_t row = r0 + r, qi = row / a.heads, h = row % a.heads;
+    const float w = a.w[(i0 + qi) * a.w_stride + h];
+    const float* score = s.tile + r * kMqaPanel;
+    float* logit = s.logit + qi * kMqaPanel;
+    for (int64_t c = 0; c < kMqaPanel; ++c) {
+      const float v = score[c] * sf[c];
+      logit[c] += (v > 0.0f ? v : 0.0f) * w;
+    }
+  }
+}
+
+inline void store_logit(const MqaArgs& a, int64_t i, int64_t col, float v) {
+  if (a.out_bf16)
+    static_cast<bf16*>(a.out)[i * a.out_stride + col] = tile::convert_scalar<bf16>(v);
+  else
+    static_cast<float*>(a.out)[i * a.out_stride + col] = v;
+}
+
+}  // namespace mqa_detail
+
+// Logits of queries [i0, i0 + nq) (nq <= kMqaQueries): every kv row in [ks[i], ke[i]).
+template <class I>
+void mqa_logits_block(const MqaArgs& a, int64_t i0, int64_t nq, MqaScratch& s) {
+  int64_t lo = a.skv, hi = 0;
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    if (a.ks[i0 + qi] >= a.ke[i0 + qi]) continue;
+    lo = std::min<int64_t>(lo, a.ks[i0 + qi]);
+    hi = std::max<int64_t>(hi, a.ke[i0 + qi]);
+  }
+  if (lo >= hi) return;
+  const int64_t rows = nq * a.heads;
+  for (int64_t qi = 0; qi < nq; ++qi)
+    for (int64_t h = 0; h < a.heads; ++h)
+      tile::convert_n<I>(a.q + (i0 + qi) * a.q_stride_s + h * a.q_stride_h,
+                         s.q + (qi * a.heads + h) * a.d, static_cast<size_t>(a.d));
+  for (int64_t p = lo / kMqaPanel; p * kMqaPanel < hi; ++p) {
+    const bf16* panel = a.kv_panels + p * a.d * kMqaPanel;
+    const float* sf = a.kv_sf + p * kMqaPanel;
+    std::fill(s.logit, s.logit + nq * kMqaPanel, 0.0f);
+    int64_t r0 = 0;
+    for (; r0 + 6 <= rows; r0 += 6) mqa_detail::rows_into_logits<I, 6>(a, i0, r0, panel, sf, s);
+    if (rows - r0 == 4) mqa_detail::rows_into_logits<I, 4>(a, i0, r0, panel, sf, s);
+    if (rows - r0 == 2) mqa_detail::rows_into_logits<I, 2>(a, i0, r0, panel, sf, s);
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      const int64_t i = i0 + qi;
+      const int64_t j0 = std::max<int64_t>(a.ks[i], p * kMqaPanel);
+      const int64_t j1 = std::min<int64_t>(a.ke[i], (p + 1) * kMqaPanel);
+      for (int64_t j = j0; j < j1; ++j)
+        mqa_detail::store_logit(a, i, a.compressed ? j - a.ks[i] : j,
+                                s.logit[qi * kMqaPanel + (j - p * kMqaPanel)]);
+    }
+  }
+}
+
+}  // namespace DSK_TILE_ABI
+}  // namespace dsk::kernels::gemm

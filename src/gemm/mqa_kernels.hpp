@@ -1,0 +1,22 @@
+// The MQA-logits kernels of one backend (mqa_kernels_generic.cpp, mqa_kernels_avx512.cpp); the API
+// layer (api_mqa_logits.cpp) picks the table of dsk::backend(). Private to src/gemm.
+#pragma once
+
+#include <dsk/kernels/gemm/mqa_logits.hpp>
+
+namespace dsk::gemm::detail {
+
+struct MqaKernels {
+  void (*pack_kv)(const e4m3*, int64_t, int64_t, int64_t, int64_t, int64_t, bf16*, bf16*);
+  void (*block)(const kernels::gemm::MqaArgs&, int64_t, int64_t, kernels::gemm::MqaScratch&);
+};
+
+template <class I>
+constexpr MqaKernels make_mqa_kernels() {
+  return {&kernels::gemm::mqa_pack_kv<I>, &kernels::gemm::mqa_logits_block<I>};
+}
+
+const MqaKernels& mqa_kernels_generic();
+const MqaKernels& mqa_kernels_avx512();  // the avx512 and amx backends
+
+}  // namespace dsk::gemm::detail
