@@ -1,14 +1,17 @@
 // The "indexer" module of `dsk bench` / `dsk verify`: the lightning indexer's dense MQA logits
-// (gemm::fp8_mqa_logits) timed against the bf16 compute roof, and a verify case against
+// (gemm::fp8_mqa_logits) and the paged decode logits (fp8_paged_mqa_logits) timed against the
+// bf16 compute roof, and a verify case against
 // dsk::ref::mqa_logits on fresh random data.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
 
 #include <fmt/format.h>
 
+#include <dsk/core/threads.hpp>
 #include <dsk/gemm.hpp>
 #include <dsk/ref.hpp>
 
@@ -63,9 +66,71 @@ BenchCase logits_case(int64_t s, int64_t skv, int64_t h, int64_t d, bool quick) 
           }};
 }
 
+// Decode: B items with `context` tokens each in a paged cache (blocks in shuffled order).
+struct PagedLogits {
+  Tensor q, cache, weights, lens, table, meta;
+  int64_t context = 0;
+};
+
+PagedLogits paged_problem(int64_t batch, int64_t next_n, int64_t context, int64_t h, int64_t d,
+                          int64_t block_kv) {
+  PagedLogits p;
+  p.context = context;
+  const int64_t per_item = (context + block_kv - 1) / block_kv;
+  p.q = ref::randn({batch, next_n, h, d}, DType::e4m3, fresh_seed());
+  p.weights = ref::randn({batch * next_n, h}, DType::f32, fresh_seed());
+  p.cache = ref::randint({batch * per_item, block_kv, 1, d + 4}, DType::u8, fresh_seed(), 0, 120);
+  p.lens = Tensor::empty({batch}, DType::i32);
+  p.table = Tensor::empty({batch, per_item}, DType::i32);
+  std::vector<int32_t> ids(static_cast<size_t>(batch * per_item));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937_64(fresh_seed()));
+  std::copy(ids.begin(), ids.end(), p.table.data<int32_t>());
+  for (int64_t b = 0; b < batch; ++b) p.lens.data<int32_t>()[b] = static_cast<int32_t>(context);
+  // Scales: small positive floats (the random bytes above would be arbitrary floats).
+  for (int64_t blk = 0; blk < batch * per_item; ++blk) {
+    uint8_t* scales = p.cache.data<uint8_t>() + blk * block_kv * (d + 4) + block_kv * d;
+    for (int64_t t = 0; t < block_kv; ++t) {
+      const float sf = 0.004f;
+      std::memcpy(scales + 4 * t, &sf, 4);
+    }
+  }
+  p.meta = gemm::get_paged_mqa_logits_metadata(p.lens, block_kv, get_num_threads());
+  return p;
+}
+
+BenchCase paged_case(int64_t batch, int64_t next_n, int64_t context, int64_t h, int64_t d,
+                     bool quick) {
+  const double tokens = static_cast<double>(batch * context);
+  return {.name = "fp8_paged_mqa_logits",
+          .shape = fmt::format("B={} next_n={} ctx={} H={} D={} block_kv=64", batch, next_n,
+                               context, h, d),
+          .ceiling = "avx512_bf16",
+          .residency = Residency::cold,
+          .working_set_bytes = static_cast<size_t>(tokens * static_cast<double>(d + 4)),
+          .quick = quick,
+          .prepare = [=](const CaseContext& ctx) {
+            auto problems = std::make_shared<std::vector<PagedLogits>>();
+            for (int c = 0; c < ctx.copies; ++c)
+              problems->push_back(paged_problem(batch, next_n, context, h, d, 64));
+            Prepared prep;
+            prep.kernel = [problems](int c) {
+              const PagedLogits& p = (*problems)[static_cast<size_t>(c)];
+              gemm::fp8_paged_mqa_logits(p.q, p.cache, p.weights, p.lens, p.table, p.meta,
+                                         p.context, true);
+            };
+            prep.flops = 2.0 * tokens * static_cast<double>(next_n * h * d);
+            prep.bytes =
+                tokens * static_cast<double>(d + 4) + 4.0 * tokens * static_cast<double>(next_n);
+            return prep;
+          }};
+}
+
 }  // namespace
 
 void register_indexer_cases(Registry& r) {
+  r.add(paged_case(64, 1, 8192, 64, 128, true));
+  r.add(paged_case(64, 2, 8192, 64, 128, false));
   r.add(logits_case(512, 8192, 64, 128, true));
   r.add(logits_case(4096, 8192, 64, 128, false));
   r.add(logits_case(512, 8192, 32, 64, false));

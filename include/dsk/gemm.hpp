@@ -216,6 +216,23 @@ Tensor fp8_mqa_logits(const Tensor& q, const Fp8Tensor& kv, const Tensor& weight
                       bool clean_logits = true, int64_t max_seqlen_k = 0,
                       DType logits_dtype = DType::f32);
 
+// Paged (decode) MQA logits over the indexer's FP8 cache. kv_cache: uint8 [num_blocks, block_kv,
+// 1, D + 4], block_kv in {32, 64, 128}; block bytes are block_kv * D e4m3 values, then block_kv
+// f32 scales (token t of a block: values at t * D, scale at block_kv * D + 4 t). q e4m3
+// [B, next_n, H, D]; weights f32 [B * next_n, H]; block_table int32 [B, max_blocks];
+// context_lens int32 [B] (row b * next_n + j sees tokens t <= context_lens[b] - next_n + j) or
+// [B, next_n] (row b * next_n + j sees t < context_lens[b, j]).
+// get_paged_mqa_logits_metadata splits the work (cache blocks of every item) into num_sms equal
+// parts: int32 [num_sms + 1, 2] of (item, block) starts, the last row (B, 0). The kernel runs one
+// part per thread. Output: logits_dtype [B * next_n, max_context_len], row stride
+// align(align(max_context_len, 256), 1024 bytes / element); tokens past a row's length are -inf
+// with clean_logits (which needs 1-D context_lens, as upstream) and unwritten without.
+Tensor get_paged_mqa_logits_metadata(const Tensor& context_lens, int64_t block_kv, int64_t num_sms);
+Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tensor& weights,
+                            const Tensor& context_lens, const Tensor& block_table,
+                            const Tensor& schedule_meta, int64_t max_context_len,
+                            bool clean_logits = false, DType logits_dtype = DType::f32);
+
 // ---------------------------------------------------------------------------------------------
 // Settings. The CPU default alignment is documented in docs/gemm.md with the measurement that
 // chose it; a value set here is honoured by every contiguous-layout user (grouped GEMM, tk's

@@ -177,4 +177,208 @@ Tensor fp8_mqa_logits(const Tensor& q, const Fp8Tensor& kv, const Tensor& weight
   return logits;
 }
 
+// ---- paged ----
+
+namespace {
+
+using kernels::gemm::MqaPagedArgs;
+using kernels::gemm::MqaPagedBuffers;
+
+constexpr const char* kPagedFn = "gemm::fp8_paged_mqa_logits";
+constexpr const char* kMetaFn = "gemm::get_paged_mqa_logits_metadata";
+
+// The lengths argument shared by both calls: int32 [B] or [B, next_n], values >= 0.
+void check_context_lens(const char* fn, const Tensor& lens) {
+  check::defined(fn, "context_lens", lens);
+  check::dtype(fn, "context_lens", lens, DType::i32);
+  DSK_CHECK_ARG(lens.dim() == 1 || lens.dim() == 2, fn, "context_lens", "[B] or [B, next_n]",
+                lens.describe());
+  check::contiguous(fn, "context_lens", lens);
+  for (int64_t i = 0; i < lens.numel(); ++i)
+    DSK_CHECK_ARG(lens.data<int32_t>()[i] >= 0, fn, "context_lens", "lengths >= 0",
+                  "entry " + std::to_string(i) + ": " + std::to_string(lens.data<int32_t>()[i]));
+}
+
+void check_block_kv(const char* fn, int64_t block_kv) {
+  DSK_CHECK_ARG(block_kv == 32 || block_kv == 64 || block_kv == 128, fn, "block_kv",
+                "32, 64 or 128", block_kv);
+}
+
+// Cache blocks of every batch item (the units of work).
+std::vector<int64_t> item_blocks(const MqaPagedArgs& a, int64_t batch) {
+  std::vector<int64_t> blocks(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b)
+    blocks[static_cast<size_t>(b)] =
+        (kernels::gemm::paged_item_len(a, b) + a.block_kv - 1) / a.block_kv;
+  return blocks;
+}
+
+MqaPagedArgs lens_only(const Tensor& lens, int64_t next_n, int64_t block_kv) {
+  MqaPagedArgs a;
+  a.context_lens = lens.data<int32_t>();
+  a.lens_2d = lens.dim() == 2;
+  a.next_n = next_n;
+  a.block_kv = block_kv;
+  return a;
+}
+
+}  // namespace
+
+Tensor get_paged_mqa_logits_metadata(const Tensor& context_lens, int64_t block_kv,
+                                     int64_t num_sms) {
+  check_context_lens(kMetaFn, context_lens);
+  check_block_kv(kMetaFn, block_kv);
+  DSK_CHECK_ARG(num_sms >= 1 && num_sms <= 65536, kMetaFn, "num_sms", "1 to 65536", num_sms);
+  const int64_t batch = context_lens.size(0);
+  const int64_t next_n = context_lens.dim() == 2 ? context_lens.size(1) : 1;
+  const std::vector<int64_t> blocks = item_blocks(lens_only(context_lens, next_n, block_kv), batch);
+  int64_t total = 0;
+  for (int64_t n : blocks) total += n;
+  Tensor meta = Tensor::empty({num_sms + 1, 2}, DType::i32);
+  int32_t* m = meta.data<int32_t>();
+  int64_t b = 0, before = 0;  // units in items [0, b)
+  for (int64_t p = 0; p <= num_sms; ++p) {
+    const int64_t start = total * p / num_sms;  // the first unit of part p
+    while (b < batch && before + blocks[static_cast<size_t>(b)] <= start)
+      before += blocks[static_cast<size_t>(b++)];
+    m[2 * p] = static_cast<int32_t>(b);
+    m[2 * p + 1] = static_cast<int32_t>(b < batch ? start - before : 0);
+  }
+  return meta;
+}
+
+Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tensor& weights,
+                            const Tensor& context_lens, const Tensor& block_table,
+                            const Tensor& schedule_meta, int64_t max_context_len, bool clean_logits,
+                            DType logits_dtype) {
+  const char* fn = kPagedFn;
+  check::defined(fn, "q", q);
+  check::dtype(fn, "q", q, DType::e4m3);
+  check::dim(fn, "q", q, 4);
+  check::last_dim_contiguous(fn, "q", q);
+  const int64_t batch = q.size(0), next_n = q.size(1), heads = q.size(2), d = q.size(3);
+  DSK_CHECK_ARG(next_n >= 1 && next_n <= 8, fn, "q", "next_n 1 to 8", next_n);
+  DSK_CHECK_ARG(heads >= 4 && heads <= 128 && heads % 4 == 0, fn, "q",
+                "a multiple of 4 heads, 4 to 128", heads);
+  DSK_CHECK_ARG(d == 32 || d == 64 || d == 128, fn, "q", "head dim 32, 64 or 128", d);
+  check::defined(fn, "kv_cache", kv_cache);
+  check::dtype(fn, "kv_cache", kv_cache, DType::u8);
+  check::dim(fn, "kv_cache", kv_cache, 4);
+  check::contiguous(fn, "kv_cache", kv_cache);
+  const int64_t num_blocks = kv_cache.size(0), block_kv = kv_cache.size(1);
+  check_block_kv(fn, block_kv);
+  check::size(fn, "kv_cache", kv_cache, 2, 1);
+  check::size(fn, "kv_cache", kv_cache, 3, d + 4);
+  check::defined(fn, "weights", weights);
+  check::dtype(fn, "weights", weights, DType::f32);
+  check::shape(fn, "weights", weights, {batch * next_n, heads});
+  check::last_dim_contiguous(fn, "weights", weights);
+  check_context_lens(fn, context_lens);
+  check::size(fn, "context_lens", context_lens, 0, batch);
+  if (context_lens.dim() == 2) check::size(fn, "context_lens", context_lens, 1, next_n);
+  DSK_CHECK_ARG(!(clean_logits && context_lens.dim() == 2), fn, "clean_logits",
+                "false with 2-D context_lens (as upstream)", "true");
+  DSK_CHECK_ARG(logits_dtype == DType::f32 || logits_dtype == DType::bf16, fn, "logits_dtype",
+                "float32 or bfloat16", dtype_name(logits_dtype));
+  check::defined(fn, "block_table", block_table);
+  check::dtype(fn, "block_table", block_table, DType::i32);
+  check::dim(fn, "block_table", block_table, 2);
+  check::size(fn, "block_table", block_table, 0, batch);
+  check::last_dim_contiguous(fn, "block_table", block_table);
+
+  MqaPagedArgs a = lens_only(context_lens, next_n, block_kv);
+  a.kv_cache = kv_cache.data<uint8_t>();
+  a.block_bytes = block_kv * (d + 4);
+  a.block_table = block_table.data<int32_t>();
+  a.bt_stride = block_table.stride(0);
+  const std::vector<int64_t> blocks = item_blocks(a, batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = kernels::gemm::paged_item_len(a, b);
+    DSK_CHECK_ARG(len <= max_context_len, fn, "max_context_len", "at least every context length",
+                  std::to_string(max_context_len) + " < " + std::to_string(len) + " (item " +
+                      std::to_string(b) + ")");
+    DSK_CHECK_ARG(blocks[static_cast<size_t>(b)] <= block_table.size(1), fn, "block_table",
+                  "a block for every token of item " + std::to_string(b), block_table.size(1));
+    for (int64_t blk = 0; blk < blocks[static_cast<size_t>(b)]; ++blk) {
+      const int32_t id = a.block_table[b * a.bt_stride + blk];
+      DSK_CHECK_ARG(id >= 0 && id < num_blocks, fn, "block_table",
+                    "block ids in [0, " + std::to_string(num_blocks) + ")",
+                    "block_table[" + std::to_string(b) + ", " + std::to_string(blk) +
+                        "] = " + std::to_string(id));
+    }
+  }
+  // The schedule: rows (item, block) in order, from (0, 0) to (B, 0).
+  check::defined(fn, "schedule_meta", schedule_meta);
+  check::dtype(fn, "schedule_meta", schedule_meta, DType::i32);
+  check::dim(fn, "schedule_meta", schedule_meta, 2);
+  check::size(fn, "schedule_meta", schedule_meta, 1, 2);
+  check::contiguous(fn, "schedule_meta", schedule_meta);
+  const int64_t parts = schedule_meta.size(0) - 1;
+  const int32_t* meta = schedule_meta.data<int32_t>();
+  DSK_CHECK_ARG(parts >= 1 && meta[0] == 0 && meta[1] == 0 && meta[2 * parts] == batch &&
+                    meta[2 * parts + 1] == 0,
+                fn, "schedule_meta",
+                "get_paged_mqa_logits_metadata of these context_lens and block_kv",
+                "rows from (" + std::to_string(meta[0]) + ", " + std::to_string(meta[1]) + ")");
+  for (int64_t p = 1; p <= parts; ++p) {
+    const int64_t b = meta[2 * p], blk = meta[2 * p + 1], pb = meta[2 * p - 2],
+                  pblk = meta[2 * p - 1];
+    DSK_CHECK_ARG(
+        b >= pb && (b > pb || blk >= pblk) && b <= batch &&
+            (b == batch ? blk == 0 : blk >= 0 && blk <= blocks[static_cast<size_t>(b)]),
+        fn, "schedule_meta", "get_paged_mqa_logits_metadata of these context_lens",
+        "row " + std::to_string(p) + " = (" + std::to_string(b) + ", " + std::to_string(blk) + ")");
+  }
+
+  const int64_t elems_per_kib = 1024 / static_cast<int64_t>(element_size(logits_dtype));
+  const int64_t stride =
+      align_up(align_up(std::max<int64_t>(max_context_len, 1), 256), elems_per_kib);
+  Tensor storage = Tensor::empty({batch * next_n, stride}, logits_dtype);
+  // q and the weights as the dense kernel sees them: rows b * next_n + j.
+  const Tensor q_rows = q.contiguous();
+  MqaArgs rows;
+  rows.d = d;
+  rows.heads = heads;
+  rows.q = q_rows.data<e4m3>();
+  rows.q_stride_s = heads * d;
+  rows.q_stride_h = d;
+  rows.w = weights.data<float>();
+  rows.w_stride = weights.stride(0);
+  rows.out = storage.data_ptr();
+  rows.out_stride = stride;
+  rows.out_bf16 = logits_dtype == DType::bf16;
+  const detail::MqaKernels& k = mqa_kernels();
+  parallel_for(parts, [&](int64_t p0, int64_t p1, int) {
+    std::vector<bf16> qbuf(static_cast<size_t>(next_n * heads * d)),
+        kv(static_cast<size_t>(block_kv * d)), panel(static_cast<size_t>(kMqaPanel * d));
+    std::vector<float> tile(6 * kMqaPanel), logit(static_cast<size_t>(next_n * kMqaPanel));
+    MqaScratch s{qbuf.data(), tile.data(), logit.data()};
+    MqaPagedBuffers buf{kv.data(), panel.data()};
+    for (int64_t p = p0; p < p1; ++p) {
+      int64_t b = meta[2 * p], blk = meta[2 * p + 1], widened = -1;
+      const int64_t end_b = meta[2 * p + 2], end_blk = meta[2 * p + 3];
+      while (b < end_b || (b == end_b && blk < end_blk)) {
+        if (blk >= blocks[static_cast<size_t>(b)]) {
+          ++b;
+          blk = 0;
+          continue;
+        }
+        if (widened != b) k.widen_queries(rows, b * next_n, next_n, s);
+        widened = b;
+        k.paged_block(a, rows, b, blk, s, buf);
+        ++blk;
+      }
+    }
+  });
+  if (clean_logits)
+    parallel_for(batch * next_n, [&](int64_t r0, int64_t r1, int) {
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t t = kernels::gemm::paged_valid_len(a, r / next_n, r % next_n);
+             t < max_context_len; ++t)
+          kernels::gemm::mqa_detail::store_logit(rows, r, t,
+                                                 -std::numeric_limits<float>::infinity());
+    });
+  return storage.slice(1, 0, max_context_len);
+}
+
 }  // namespace dsk::gemm

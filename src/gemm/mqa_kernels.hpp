@@ -9,11 +9,16 @@ namespace dsk::gemm::detail {
 struct MqaKernels {
   void (*pack_kv)(const e4m3*, int64_t, int64_t, int64_t, int64_t, int64_t, bf16*, bf16*);
   void (*block)(const kernels::gemm::MqaArgs&, int64_t, int64_t, kernels::gemm::MqaScratch&);
+  void (*widen_queries)(const kernels::gemm::MqaArgs&, int64_t, int64_t,
+                        kernels::gemm::MqaScratch&);
+  void (*paged_block)(const kernels::gemm::MqaPagedArgs&, const kernels::gemm::MqaArgs&, int64_t,
+                      int64_t, kernels::gemm::MqaScratch&, kernels::gemm::MqaPagedBuffers&);
 };
 
 template <class I>
 constexpr MqaKernels make_mqa_kernels() {
-  return {&kernels::gemm::mqa_pack_kv<I>, &kernels::gemm::mqa_logits_block<I>};
+  return {&kernels::gemm::mqa_pack_kv<I>, &kernels::gemm::mqa_logits_block<I>,
+          &kernels::gemm::widen_queries<I>, &kernels::gemm::mqa_paged_block<I>};
 }
 
 const MqaKernels& mqa_kernels_generic();

@@ -15,6 +15,7 @@
 #include <dsk/kernels/numeric.hpp>
 #include <dsk/kernels/tile/convert.hpp>
 #include <dsk/kernels/tile/dot.hpp>
+#include <dsk/kernels/tile/pack.hpp>
 
 namespace dsk::kernels::gemm {
 
@@ -98,6 +99,28 @@ inline void store_logit(const MqaArgs& a, int64_t i, int64_t col, float v) {
 
 }  // namespace mqa_detail
 
+// The (query, head) rows of queries [i0, i0 + nq) widened to bf16 into s.q.
+template <class I>
+void widen_queries(const MqaArgs& a, int64_t i0, int64_t nq, MqaScratch& s) {
+  for (int64_t qi = 0; qi < nq; ++qi)
+    for (int64_t h = 0; h < a.heads; ++h)
+      tile::convert_n<I>(a.q + (i0 + qi) * a.q_stride_s + h * a.q_stride_h,
+                         s.q + (qi * a.heads + h) * a.d, static_cast<size_t>(a.d));
+}
+
+// s.logit[qi][c] = sum_h relu(sf[c] * q(i0 + qi, h) . panel column c) * w(i0 + qi, h) for the nq
+// queries whose rows are in s.q and the 64 columns of one panel.
+template <class I>
+void panel_logits(const MqaArgs& a, int64_t i0, int64_t nq, const bf16* panel, const float* sf,
+                  MqaScratch& s) {
+  const int64_t rows = nq * a.heads;
+  std::fill(s.logit, s.logit + nq * kMqaPanel, 0.0f);
+  int64_t r0 = 0;
+  for (; r0 + 6 <= rows; r0 += 6) mqa_detail::rows_into_logits<I, 6>(a, i0, r0, panel, sf, s);
+  if (rows - r0 == 4) mqa_detail::rows_into_logits<I, 4>(a, i0, r0, panel, sf, s);
+  if (rows - r0 == 2) mqa_detail::rows_into_logits<I, 2>(a, i0, r0, panel, sf, s);
+}
+
 // Logits of queries [i0, i0 + nq) (nq <= kMqaQueries): every kv row in [ks[i], ke[i]).
 template <class I>
 void mqa_logits_block(const MqaArgs& a, int64_t i0, int64_t nq, MqaScratch& s) {
@@ -108,19 +131,9 @@ void mqa_logits_block(const MqaArgs& a, int64_t i0, int64_t nq, MqaScratch& s) {
     hi = std::max<int64_t>(hi, a.ke[i0 + qi]);
   }
   if (lo >= hi) return;
-  const int64_t rows = nq * a.heads;
-  for (int64_t qi = 0; qi < nq; ++qi)
-    for (int64_t h = 0; h < a.heads; ++h)
-      tile::convert_n<I>(a.q + (i0 + qi) * a.q_stride_s + h * a.q_stride_h,
-                         s.q + (qi * a.heads + h) * a.d, static_cast<size_t>(a.d));
+  widen_queries<I>(a, i0, nq, s);
   for (int64_t p = lo / kMqaPanel; p * kMqaPanel < hi; ++p) {
-    const bf16* panel = a.kv_panels + p * a.d * kMqaPanel;
-    const float* sf = a.kv_sf + p * kMqaPanel;
-    std::fill(s.logit, s.logit + nq * kMqaPanel, 0.0f);
-    int64_t r0 = 0;
-    for (; r0 + 6 <= rows; r0 += 6) mqa_detail::rows_into_logits<I, 6>(a, i0, r0, panel, sf, s);
-    if (rows - r0 == 4) mqa_detail::rows_into_logits<I, 4>(a, i0, r0, panel, sf, s);
-    if (rows - r0 == 2) mqa_detail::rows_into_logits<I, 2>(a, i0, r0, panel, sf, s);
+    panel_logits<I>(a, i0, nq, a.kv_panels + p * a.d * kMqaPanel, a.kv_sf + p * kMqaPanel, s);
     for (int64_t qi = 0; qi < nq; ++qi) {
       const int64_t i = i0 + qi;
       const int64_t j0 = std::max<int64_t>(a.ks[i], p * kMqaPanel);
@@ -128,6 +141,64 @@ void mqa_logits_block(const MqaArgs& a, int64_t i0, int64_t nq, MqaScratch& s) {
       for (int64_t j = j0; j < j1; ++j)
         mqa_detail::store_logit(a, i, a.compressed ? j - a.ks[i] : j,
                                 s.logit[qi * kMqaPanel + (j - p * kMqaPanel)]);
+    }
+  }
+}
+
+// ---- paged (decode) ----
+// The same product as the dense kernel, with the queries of one batch item (its next_n tokens)
+// as the block and each cache block widened and packed into panels on the fly, so a paged logit
+// has the same bits as the dense one for the same data. `a` describes q and the weights with
+// rows b * next_n + j (q contiguous over (B, next_n)) and the output.
+
+struct MqaPagedArgs {
+  const uint8_t* kv_cache = nullptr;  // blocks of block_kv * d e4m3 bytes, then block_kv f32
+  int64_t block_bytes = 0, block_kv = 0, next_n = 0;
+  const int32_t* block_table = nullptr;  // [B, max_blocks]
+  int64_t bt_stride = 0;
+  const int32_t* context_lens = nullptr;  // [B] or [B, next_n]
+  bool lens_2d = false;
+};
+
+// Per-thread buffers of mqa_paged_block besides MqaScratch (sized for next_n queries).
+struct MqaPagedBuffers {
+  bf16* kv;     // [block_kv][d]
+  bf16* panel;  // [d / 2][kMqaPanel][2]
+};
+
+// Tokens [0, n) of batch item b are valid for its row j: context_lens[b, j], or with one length
+// per item the causal rule of the next_n draft tokens, t <= context_lens[b] - next_n + j.
+inline int64_t paged_valid_len(const MqaPagedArgs& a, int64_t b, int64_t j) {
+  if (a.lens_2d) return a.context_lens[b * a.next_n + j];
+  return std::max<int64_t>(0, a.context_lens[b] - a.next_n + j + 1);
+}
+
+inline int64_t paged_item_len(const MqaPagedArgs& a, int64_t b) {
+  int64_t n = 0;
+  for (int64_t j = 0; j < a.next_n; ++j) n = std::max(n, paged_valid_len(a, b, j));
+  return n;
+}
+
+// The logits of batch item b (its query rows already in s.q) against its cache block blk.
+template <class I>
+void mqa_paged_block(const MqaPagedArgs& pa, const MqaArgs& a, int64_t b, int64_t blk,
+                     MqaScratch& s, MqaPagedBuffers& buf) {
+  const uint8_t* block = pa.kv_cache + pa.block_table[b * pa.bt_stride + blk] * pa.block_bytes;
+  tile::convert_n<I>(reinterpret_cast<const e4m3*>(block), buf.kv,
+                     static_cast<size_t>(pa.block_kv * a.d));
+  for (int64_t c0 = 0; c0 < pa.block_kv; c0 += kMqaPanel) {
+    const int64_t n = std::min(kMqaPanel, pa.block_kv - c0);
+    tile::pack_b_vnni_nt<I>(buf.kv + c0 * a.d, a.d, static_cast<int>(a.d), static_cast<int>(n),
+                            buf.panel, 2 * kMqaPanel, static_cast<int>(a.d),
+                            static_cast<int>(kMqaPanel));
+    float sf[kMqaPanel] = {};  // the scales may sit at any 4-byte offset
+    std::memcpy(sf, block + pa.block_kv * a.d + 4 * c0, static_cast<size_t>(n) * sizeof(float));
+    const int64_t i0 = b * pa.next_n, t0 = blk * pa.block_kv + c0;
+    panel_logits<I>(a, i0, pa.next_n, buf.panel, sf, s);
+    for (int64_t j = 0; j < pa.next_n; ++j) {
+      const int64_t end = std::min(paged_valid_len(pa, b, j), t0 + n);
+      for (int64_t t = t0; t < end; ++t)
+        mqa_detail::store_logit(a, i0 + j, t, s.logit[j * kMqaPanel + (t - t0)]);
     }
   }
 }
