@@ -215,6 +215,14 @@ Tensor fp8_mqa_logits(const Tensor& q, const Fp8Tensor& kv, const Tensor& weight
                       const Tensor& cu_seq_len_k_start, const Tensor& cu_seq_len_k_end,
                       bool clean_logits = true, int64_t max_seqlen_k = 0,
                       DType logits_dtype = DType::f32);
+// The same with q = {q, q_sf}: e4m3 q with no q_sf (as above), or FP4: q fp4x2 [S, H, D / 2]
+// with q_sf int32 [S, H] and kv = {fp4x2 [Skv, D / 2], int32 [Skv]}, UE8M0 scales of 32 values
+// packed 4 per int32 (byte g scales values [32g, 32g + 32)), D in {64, 128}, every scale within
+// 2^-100 .. 2^100 (the kernels fold them into the widened values exactly).
+Tensor fp8_fp4_mqa_logits(const Fp8Tensor& q, const Fp8Tensor& kv, const Tensor& weights,
+                          const Tensor& cu_seq_len_k_start, const Tensor& cu_seq_len_k_end,
+                          bool clean_logits = true, int64_t max_seqlen_k = 0,
+                          DType logits_dtype = DType::f32);
 
 // Paged (decode) MQA logits over the indexer's FP8 cache. kv_cache: uint8 [num_blocks, block_kv,
 // 1, D + 4], block_kv in {32, 64, 128}; block bytes are block_kv * D e4m3 values, then block_kv

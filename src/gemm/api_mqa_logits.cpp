@@ -43,28 +43,61 @@ const int32_t* check_bounds(const char* arg, const Tensor& t, int64_t s) {
 
 struct Shapes {
   int64_t s, h, d, skv;
+  bool fp4;
 };
 
-Shapes check_inputs(const Tensor& q, const Fp8Tensor& kv, const Tensor& weights) {
-  check::defined(kFn, "q", q);
-  check::dtype(kFn, "q", q, DType::e4m3);
-  check::dim(kFn, "q", q, 3);
-  check::last_dim_contiguous(kFn, "q", q);
-  const Shapes sh{q.size(0), q.size(1), q.size(2), kv.data.defined() ? kv.data.size(0) : 0};
+// Every UE8M0 exponent byte a row of d values uses stays within 127 +- 100, so folding the scales
+// into the widened e2m1 values is exact (dsk/kernels/gemm/mqa_logits.hpp, widen_row).
+void check_fp4_scales(const char* arg, const Tensor& sf, int64_t d) {
+  const int32_t* w = sf.data<int32_t>();
+  for (int64_t r = 0; r < sf.size(0); ++r)
+    for (int64_t c = 0; c < (sf.dim() == 2 ? sf.size(1) : 1); ++c) {
+      const auto word = static_cast<uint32_t>(w[r * sf.stride(0) + (sf.dim() == 2 ? c : 0)]);
+      for (int64_t g = 0; g < d / 32; ++g) {
+        const int e = static_cast<int>((word >> (8 * g)) & 0xFFu) - 127;
+        DSK_CHECK_ARG(e >= -100 && e <= 100, kFn, arg, "UE8M0 scales 2^-100 to 2^100",
+                      "2^" + std::to_string(e) + " at row " + std::to_string(r));
+      }
+    }
+}
+
+Shapes check_inputs(const Fp8Tensor& q, const Fp8Tensor& kv, const Tensor& weights) {
+  check::defined(kFn, "q", q.data);
+  check::dtype_in(kFn, "q", q.data, {DType::e4m3, DType::fp4x2});
+  check::dim(kFn, "q", q.data, 3);
+  check::last_dim_contiguous(kFn, "q", q.data);
+  const bool fp4 = q.data.dtype() == DType::fp4x2;
+  const Shapes sh{q.data.size(0), q.data.size(1), q.data.size(2) * (fp4 ? 2 : 1),
+                  kv.data.defined() ? kv.data.size(0) : 0, fp4};
   DSK_CHECK_ARG(sh.h >= 4 && sh.h <= 128 && sh.h % 4 == 0, kFn, "q",
                 "a multiple of 4 heads, 4 to 128", sh.h);
-  DSK_CHECK_ARG(sh.d == 32 || sh.d == 64 || sh.d == 128, kFn, "q", "head dim 32, 64 or 128", sh.d);
+  if (fp4)
+    DSK_CHECK_ARG(sh.d == 64 || sh.d == 128, kFn, "q", "FP4 head dim 64 or 128", sh.d);
+  else
+    DSK_CHECK_ARG(sh.d == 32 || sh.d == 64 || sh.d == 128, kFn, "q", "head dim 32, 64 or 128",
+                  sh.d);
   check::defined(kFn, "kv", kv.data);
-  check::dtype(kFn, "kv", kv.data, DType::e4m3);
+  check::dtype(kFn, "kv", kv.data, q.data.dtype());
   check::dim(kFn, "kv", kv.data, 2);
-  check::size(kFn, "kv", kv.data, 1, sh.d);
+  check::size(kFn, "kv", kv.data, 1, q.data.size(2));
   check::last_dim_contiguous(kFn, "kv", kv.data);
   DSK_CHECK_ARG(sh.skv < std::numeric_limits<int32_t>::max(), kFn, "kv", "fewer than 2^31 rows",
                 sh.skv);
   check::defined(kFn, "kv_sf", kv.sf);
-  check::dtype(kFn, "kv_sf", kv.sf, DType::f32);
+  check::dtype(kFn, "kv_sf", kv.sf, fp4 ? DType::i32 : DType::f32);
   check::shape(kFn, "kv_sf", kv.sf, {sh.skv});
   check::contiguous(kFn, "kv_sf", kv.sf);
+  if (fp4) {
+    check::defined(kFn, "q_sf", q.sf);
+    check::dtype(kFn, "q_sf", q.sf, DType::i32);
+    check::shape(kFn, "q_sf", q.sf, {sh.s, sh.h});
+    check::last_dim_contiguous(kFn, "q_sf", q.sf);
+    check_fp4_scales("q_sf", q.sf, sh.d);
+    check_fp4_scales("kv_sf", kv.sf, sh.d);
+  } else {
+    DSK_CHECK_ARG(!q.sf.defined(), kFn, "q_sf", "none with e4m3 q (it is unscaled)",
+                  q.sf.describe());
+  }
   check::defined(kFn, "weights", weights);
   check::dtype(kFn, "weights", weights, DType::f32);
   check::shape(kFn, "weights", weights, {sh.s, sh.h});
@@ -97,6 +130,13 @@ std::vector<int64_t> balanced_split(const int32_t* ks, const int32_t* ke, int64_
 Tensor fp8_mqa_logits(const Tensor& q, const Fp8Tensor& kv, const Tensor& weights,
                       const Tensor& cu_seq_len_k_start, const Tensor& cu_seq_len_k_end,
                       bool clean_logits, int64_t max_seqlen_k, DType logits_dtype) {
+  return fp8_fp4_mqa_logits({q, Tensor{}}, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end,
+                            clean_logits, max_seqlen_k, logits_dtype);
+}
+
+Tensor fp8_fp4_mqa_logits(const Fp8Tensor& q, const Fp8Tensor& kv, const Tensor& weights,
+                          const Tensor& cu_seq_len_k_start, const Tensor& cu_seq_len_k_end,
+                          bool clean_logits, int64_t max_seqlen_k, DType logits_dtype) {
   const Shapes sh = check_inputs(q, kv, weights);
   const int32_t* ks = check_bounds("cu_seq_len_k_start", cu_seq_len_k_start, sh.s);
   const int32_t* ke = check_bounds("cu_seq_len_k_end", cu_seq_len_k_end, sh.s);
@@ -126,12 +166,17 @@ Tensor fp8_mqa_logits(const Tensor& q, const Fp8Tensor& kv, const Tensor& weight
   const detail::MqaKernels& k = mqa_kernels();
   const int64_t panels = std::max<int64_t>(1, (sh.skv + kMqaPanel - 1) / kMqaPanel);
   std::vector<bf16> kv_panels(static_cast<size_t>(panels * kMqaPanel * sh.d));
+  // FP8: kv_sf scales the scores in the epilogue. FP4: the scales are folded into the panels.
   std::vector<float> kv_sf(static_cast<size_t>(panels * kMqaPanel), 0.0f);
-  std::copy_n(kv.sf.data<float>(), sh.skv, kv_sf.begin());
+  if (sh.fp4)
+    std::fill_n(kv_sf.begin(), sh.skv, 1.0f);
+  else
+    std::copy_n(kv.sf.data<float>(), sh.skv, kv_sf.begin());
   parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
-    std::vector<bf16> row(static_cast<size_t>(sh.d));
-    k.pack_kv(kv.data.data<e4m3>(), kv.data.stride(0), sh.skv, sh.d, p0, p1, kv_panels.data(),
-              row.data());
+    std::vector<bf16> rows(static_cast<size_t>(kMqaPanel * sh.d));
+    k.pack_kv(static_cast<const uint8_t*>(kv.data.data_ptr()), kv.data.stride(0), sh.fp4,
+              sh.fp4 ? kv.sf.data<int32_t>() : nullptr, sh.skv, sh.d, p0, p1, kv_panels.data(),
+              rows.data());
   });
 
   MqaArgs a;
@@ -140,9 +185,14 @@ Tensor fp8_mqa_logits(const Tensor& q, const Fp8Tensor& kv, const Tensor& weight
   a.skv = sh.skv;
   a.d = sh.d;
   a.heads = sh.h;
-  a.q = q.data<e4m3>();
-  a.q_stride_s = q.stride(0);
-  a.q_stride_h = q.stride(1);
+  a.q = static_cast<const uint8_t*>(q.data.data_ptr());
+  a.q_stride_s = q.data.stride(0);
+  a.q_stride_h = q.data.stride(1);
+  a.fp4 = sh.fp4;
+  if (sh.fp4) {
+    a.q_sf = q.sf.data<int32_t>();
+    a.q_sf_stride = q.sf.stride(0);
+  }
   a.w = weights.data<float>();
   a.w_stride = weights.stride(0);
   a.ks = ks;
@@ -339,7 +389,7 @@ Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tenso
   MqaArgs rows;
   rows.d = d;
   rows.heads = heads;
-  rows.q = q_rows.data<e4m3>();
+  rows.q = static_cast<const uint8_t*>(q_rows.data_ptr());
   rows.q_stride_s = heads * d;
   rows.q_stride_h = d;
   rows.w = weights.data<float>();

@@ -7,7 +7,8 @@
 namespace dsk::gemm::detail {
 
 struct MqaKernels {
-  void (*pack_kv)(const e4m3*, int64_t, int64_t, int64_t, int64_t, int64_t, bf16*, bf16*);
+  void (*pack_kv)(const uint8_t*, int64_t, bool, const int32_t*, int64_t, int64_t, int64_t, int64_t,
+                  bf16*, bf16*);
   void (*block)(const kernels::gemm::MqaArgs&, int64_t, int64_t, kernels::gemm::MqaScratch&);
   void (*widen_queries)(const kernels::gemm::MqaArgs&, int64_t, int64_t,
                         kernels::gemm::MqaScratch&);

@@ -34,8 +34,10 @@ Tensor to_e4m3(const Tensor& x) {
   return out;
 }
 
-// Ranges: causal without context parallelism (ks = 0, ke = i + Skv - S), or random.
-MqaProblem make_problem(int64_t s, int64_t skv, int64_t h, int64_t d, bool causal) {
+// Ranges: causal without context parallelism (ks = 0, ke = i + Skv - S), causal over two
+// context-parallel chunks, or random.
+MqaProblem make_problem(int64_t s, int64_t skv, int64_t h, int64_t d, bool causal,
+                        bool chunks = false) {
   MqaProblem p;
   p.q_bf16 = randn_bf16({s, h, d});
   p.kv_bf16 = randn_bf16({skv, d});
@@ -59,6 +61,12 @@ MqaProblem make_problem(int64_t s, int64_t skv, int64_t h, int64_t d, bool causa
   std::mt19937_64 rng(fresh_seed());
   for (int64_t i = 0; i < s; ++i) {
     int32_t a = 0, b = static_cast<int32_t>(std::max<int64_t>(0, i + skv - s));
+    if (causal && chunks) {
+      // Context parallelism: this rank holds two chunks of the sequence, the first and the last
+      // s / 2 positions of skv, each attending causally to everything before it.
+      const int64_t pos = i < s / 2 ? i : skv - (s - i);
+      b = static_cast<int32_t>(pos + 1);
+    }
     if (!causal) {
       a = static_cast<int32_t>(rng() % (skv + 1));
       b = static_cast<int32_t>(rng() % (skv + 1));
@@ -119,10 +127,11 @@ class MqaLogits : public ::testing::TestWithParam<Backend> {
   std::optional<dsk::test::ScopedBackend> scoped_;
 };
 
-void check_against_references(int64_t s, int64_t skv, int64_t h, int64_t d, bool causal) {
-  SCOPED_TRACE(
-      fmt::format("S={} Skv={} H={} D={} causal={} {}", s, skv, h, d, causal, seed_note()));
-  const MqaProblem p = make_problem(s, skv, h, d, causal);
+void check_against_references(int64_t s, int64_t skv, int64_t h, int64_t d, bool causal,
+                              bool chunks = false) {
+  SCOPED_TRACE(fmt::format("S={} Skv={} H={} D={} causal={} chunks={} {}", s, skv, h, d, causal,
+                           chunks, seed_note()));
+  const MqaProblem p = make_problem(s, skv, h, d, causal, chunks);
   const Tensor logits = gemm::fp8_mqa_logits(p.q, p.kv, p.weights, p.ks, p.ke);
   ASSERT_EQ(logits.size(0), s);
   ASSERT_EQ(logits.size(1), skv);
@@ -136,8 +145,49 @@ void check_against_references(int64_t s, int64_t skv, int64_t h, int64_t d, bool
 TEST_P(MqaLogits, MatchesReferencesOnTheScaledGrid) {
   for (int64_t d : {32, 64, 128}) check_against_references(64, 1024, 32, d, true);
   check_against_references(64, 1024, 64, 128, false);
+  check_against_references(64, 1024, 32, 64, true, true);
   check_against_references(29, 333, 4, 64, true);  // S not a multiple of 3, Skv of 64
   check_against_references(7, 200, 12, 32, false);
+}
+
+// x bf16 [rows, d] -> FP4 e2m1 pairs with UE8M0 scales of 32 values, as upstream's FP4 logits
+// take them: data fp4x2 [rows, d / 2] and one int32 of packed exponent bytes per row; and the
+// values those stand for (f32 [rows, d]).
+struct Fp4Rows {
+  Tensor data, words, values;
+};
+Fp4Rows to_fp4_rows(const Tensor& x) {
+  const int64_t rows = x.size(0), d = x.size(1);
+  const Fp8Tensor q = gemm::per_token_cast_to_fp4(x, true, 32);
+  Fp4Rows r{q.data, Tensor::empty({rows}, DType::i32), ref::dequantize(q.data, q.sf, 1, 32)};
+  for (int64_t i = 0; i < rows; ++i) {
+    uint32_t word = 0x7F7F7F7Fu;  // unused bytes: 2^0
+    for (int64_t g = 0; g < d / 32; ++g) {
+      const float sf = q.sf.data<float>()[i * q.sf.stride(0) + g];
+      const uint32_t exponent = numeric::bits_of(sf) >> 23;
+      word = (word & ~(0xFFu << (8 * g))) | (exponent << (8 * g));
+    }
+    r.words.data<int32_t>()[i] = static_cast<int32_t>(word);
+  }
+  return r;
+}
+
+TEST_P(MqaLogits, Fp4MatchesReferences) {
+  for (int64_t d : {64, 128}) {
+    const int64_t s = 40, h = 8, skv = 500;
+    SCOPED_TRACE(fmt::format("FP4 D={} {}", d, seed_note()));
+    const MqaProblem p = make_problem(s, skv, h, d, true);  // for weights, ranges, bf16 data
+    const Fp4Rows q = to_fp4_rows(p.q_bf16.view({s * h, d}));
+    const Fp4Rows kv = to_fp4_rows(p.kv_bf16);
+    const Tensor logits =
+        gemm::fp8_fp4_mqa_logits({q.data.view({s, h, d / 2}), q.words.view({s, h})},
+                                 {kv.data, kv.words}, p.weights, p.ks, p.ke);
+    const Tensor simulated =
+        ref::mqa_logits(q.values.view({s, h, d}), kv.values, ones(skv), p.weights, p.ks, p.ke);
+    EXPECT_LT(masked_diff(logits, simulated), 5e-6) << "vs the dequantised reference";
+    const Tensor bf16_ref = ref::mqa_logits(p.q_bf16, p.kv_bf16, ones(skv), p.weights, p.ks, p.ke);
+    EXPECT_LT(masked_diff(logits, bf16_ref), 0.02) << "vs the BF16 reference";
+  }
 }
 
 TEST_P(MqaLogits, CompressedOutputAndBf16Logits) {
@@ -165,7 +215,7 @@ TEST_P(MqaLogits, CompressedOutputAndBf16Logits) {
 
 TEST_P(MqaLogits, RepeatableAcrossRunsAndThreads) {
   SCOPED_TRACE(seed_note());
-  const MqaProblem p = make_problem(50, 900, 16, 128, true);
+  const MqaProblem p = make_problem(30, 600, 8, 128, true);
   const Tensor first = gemm::fp8_mqa_logits(p.q, p.kv, p.weights, p.ks, p.ke);
   const int threads = get_num_threads();
   for (int run = 0; run < 20; ++run) {
@@ -223,6 +273,18 @@ TEST(MqaLogitsErrors, BadInputsRaise) {
          "max_seqlen_k below a row's length");
   raises([&] { gemm::fp8_mqa_logits(p.q, p.kv, w, p.ks, p.ke, true, 0, DType::f16); },
          "f16 logits");
+  const Fp4Rows q4 = to_fp4_rows(p.q_bf16.view({24, 32}).contiguous());
+  raises(
+      [&] {
+        gemm::fp8_fp4_mqa_logits({q4.data.view({6, 4, 16}), q4.words.view({6, 4})}, p.kv, w, p.ks,
+                                 p.ke);
+      },
+      "FP4 q with head dim 32");
+  raises(
+      [&] {
+        gemm::fp8_fp4_mqa_logits({p.q, q4.words.view({6, 4})}, p.kv, w, p.ks, p.ke);
+      },
+      "q_sf with e4m3 q");
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, MqaLogits, ::testing::ValuesIn(dsk::test::supported_backends()),

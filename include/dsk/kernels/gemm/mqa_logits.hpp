@@ -31,8 +31,11 @@ struct MqaArgs {
   const bf16* kv_panels = nullptr;  // [panels][D / 2][kMqaPanel][2]
   const float* kv_sf = nullptr;     // [panels * kMqaPanel], zero past skv
   int64_t skv = 0, d = 0, heads = 0;
-  const e4m3* q = nullptr;  // q[i, h, :] at q + i * q_stride_s + h * q_stride_h
+  const uint8_t* q = nullptr;  // q[i, h, :] at q + i * q_stride_s + h * q_stride_h (bytes)
   int64_t q_stride_s = 0, q_stride_h = 0;
+  bool fp4 = false;               // q (and kv) e2m1 pairs with UE8M0 scales, else e4m3
+  const int32_t* q_sf = nullptr;  // FP4: the scale word of (i, h) at q_sf[i * q_sf_stride + h]
+  int64_t q_sf_stride = 0;
   const float* w = nullptr;  // w[i, h] at w + i * w_stride + h
   int64_t w_stride = 0;
   const int32_t* ks = nullptr;  // [S]
@@ -50,20 +53,39 @@ struct MqaScratch {
   float* logit;  // kMqaQueries * kMqaPanel
 };
 
-// kv e4m3 [skv, d] (row stride ld) -> panels of bf16 pairs; rows past skv are zero. row: d bf16.
+// One row of d values widened to bf16: e4m3 codes, or e2m1 pairs whose UE8M0 scales (byte g of
+// sf_word for values [32g, 32g + 32)) are folded in exactly: the API keeps every scale exponent
+// within +-100, so each scaled e2m1 value (0.5 .. 6 times a power of two) is a normal bf16.
 template <class I>
-void mqa_pack_kv(const e4m3* kv, int64_t ld, int64_t skv, int64_t d, int64_t p0, int64_t p1,
-                 bf16* panels, bf16* row) {
-  for (int64_t p = p0; p < p1; ++p) {
-    bf16* panel = panels + p * d * kMqaPanel;
-    for (int64_t c = 0; c < kMqaPanel; ++c) {
-      const int64_t j = p * kMqaPanel + c;
-      if (j < skv)
-        tile::convert_n<I>(kv + j * ld, row, static_cast<size_t>(d));
-      else
-        std::fill(row, row + d, bf16{0});
-      for (int64_t k = 0; k < d; ++k) panel[(k / 2) * 2 * kMqaPanel + 2 * c + (k % 2)] = row[k];
+void widen_row(const uint8_t* src, bool fp4, int32_t sf_word, int64_t d, bf16* dst) {
+  if (!fp4) {
+    tile::convert_n<I>(reinterpret_cast<const e4m3*>(src), dst, static_cast<size_t>(d));
+    return;
+  }
+  tile::convert_n<I>(reinterpret_cast<const fp4x2*>(src), dst, static_cast<size_t>(d));
+  for (int64_t g = 0; g < d / 32; ++g) {
+    const int e = static_cast<int>((static_cast<uint32_t>(sf_word) >> (8 * g)) & 0xFFu) - 127;
+    for (int64_t k = 32 * g; k < 32 * g + 32; ++k) {
+      const uint16_t magnitude = dst[k].bits & 0x7FFFu;
+      if (magnitude != 0) dst[k].bits = static_cast<uint16_t>(dst[k].bits + (e << 7));
     }
+  }
+}
+
+// kv rows [skv, d] (row stride ld bytes; FP4 scale words kv_sf[j]) -> panels [p0, p1) of bf16
+// pairs; rows past skv are zero. rows: kMqaPanel * d bf16 of scratch.
+template <class I>
+void mqa_pack_kv(const uint8_t* kv, int64_t ld, bool fp4, const int32_t* kv_sf, int64_t skv,
+                 int64_t d, int64_t p0, int64_t p1, bf16* panels, bf16* rows) {
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t n = std::min(kMqaPanel, skv - p * kMqaPanel);
+    for (int64_t c = 0; c < n; ++c) {
+      const int64_t j = p * kMqaPanel + c;
+      widen_row<I>(kv + j * ld, fp4, fp4 ? kv_sf[j] : 0, d, rows + c * d);
+    }
+    tile::pack_b_vnni_nt<I>(rows, d, static_cast<int>(d), static_cast<int>(n),
+                            panels + p * d * kMqaPanel, 2 * kMqaPanel, static_cast<int>(d),
+                            static_cast<int>(kMqaPanel));
   }
 }
 
@@ -104,8 +126,9 @@ template <class I>
 void widen_queries(const MqaArgs& a, int64_t i0, int64_t nq, MqaScratch& s) {
   for (int64_t qi = 0; qi < nq; ++qi)
     for (int64_t h = 0; h < a.heads; ++h)
-      tile::convert_n<I>(a.q + (i0 + qi) * a.q_stride_s + h * a.q_stride_h,
-                         s.q + (qi * a.heads + h) * a.d, static_cast<size_t>(a.d));
+      widen_row<I>(a.q + (i0 + qi) * a.q_stride_s + h * a.q_stride_h, a.fp4,
+                   a.fp4 ? a.q_sf[(i0 + qi) * a.q_sf_stride + h] : 0, a.d,
+                   s.q + (qi * a.heads + h) * a.d);
 }
 
 // s.logit[qi][c] = sum_h relu(sf[c] * q(i0 + qi, h) . panel column c) * w(i0 + qi, h) for the nq
