@@ -375,6 +375,30 @@ inline int64_t visiting_stride(int64_t blocks) {
   return s;
 }
 
+// A cheaper cut for the middle of a scan, which needs the buffer smaller and the threshold higher
+// but not the exact k-th key: one histogram over the buffer's key range finds the bin holding the
+// k-th largest key, and every candidate at or above that bin's lowest key is kept (at least k).
+// Returns that lowest key, or 0 when the bin is too full to free a quarter of the slack (then the
+// caller cuts exactly).
+template <class I>
+uint32_t cut_to_bin(Buffer& b, int64_t& n, int64_t k, int64_t slack) {
+  uint32_t lo = 0, hi = 0;
+  Scan<I>::make_keys(b.bits, n, b.keys, lo, hi);
+  if (lo == hi) return 0;
+  const int top = 32 - __builtin_clz(lo ^ hi);  // bits [0, top) differ
+  const int width = std::min(kRadixBits, top), shift = top - width;
+  const uint32_t prefix = top == 32 ? 0 : hi & ~((1u << top) - 1u);
+  uint32_t hist[1u << kRadixBits];
+  histogram(b.keys, n, shift, 1u << width, hist);
+  uint32_t bin = (1u << width) - 1;
+  int64_t kept = hist[bin];
+  while (kept < k) kept += hist[--bin];
+  const uint32_t edge = prefix | (bin << shift);
+  if (edge == 0 || kept > n - slack / 4) return 0;
+  n = Scan<I>::compact(b.bits, b.pos, b.keys, n, edge - 1, 0);
+  return edge;
+}
+
 // The top k of x[begin, end) (end - begin > k) into the buffer: returns with exactly k candidates
 // in b.bits / b.pos (positions absolute in x).
 template <class I, class T>
@@ -392,10 +416,16 @@ void select_segment(const T* x, int64_t begin, int64_t end, int64_t k, Buffer& b
       n += have_threshold ? Scan<I>::filter_greater(x, j0, j1, threshold, b.bits + n, b.pos + n)
                           : Scan<I>::append_all(x, j0, j1, b.bits + n, b.pos + n);
       if (n < k + slack) continue;
-      const uint32_t kth = keep_largest<I>(b, n, k);
-      n = k;
-      if (kth == kNanKey) return;  // k NaNs: nothing ranks above them
-      const uint32_t bits = bits_of_key(kth);
+      // Candidates at or above `floor` stay; the scan then takes values above the key below it.
+      uint32_t floor = cut_to_bin<I>(b, n, k, slack);
+      if (floor == 0) {
+        floor = keep_largest<I>(b, n, k);
+        n = k;
+        if (floor == kNanKey) return;  // k NaNs: nothing ranks above them
+        floor += 1;  // keep_largest keeps ties of its k-th key; later ones are not needed
+      }
+      if (floor == kNanKey) return;  // at least k NaNs kept
+      const uint32_t bits = bits_of_key(floor - 1);
       std::memcpy(&threshold, &bits, 4);
       have_threshold = true;
     }
