@@ -4,7 +4,9 @@
 // (checked against fp64 in tests/tk/test_tk_math.cpp), with inf and NaN handled as IEEE does.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <dsk/kernels/tk/simd.hpp>
 
@@ -16,7 +18,7 @@ inline namespace DSK_TILE_ABI {
 // two halves so that results down to the subnormal range and up to the overflow threshold are
 // formed without an exponent overflow.
 template <class S>
-DSK_TK_INLINE typename S::F exp(typename S::F x) {
+DSK_TK_INLINE typename S::F exp_body(typename S::F x) {
   using F = typename S::F;
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;  // 8 significant bits
@@ -24,10 +26,15 @@ DSK_TK_INLINE typename S::F exp(typename S::F x) {
   const F xc = S::min(S::max(x, S::set1(-104.0f)), S::set1(88.75f));  // NaN -> finite here
   const F n = S::round(S::mul(xc, S::set1(kLog2e)));
   const F r = S::sub(S::sub(xc, S::mul(n, S::set1(kLn2Hi))), S::mul(n, S::set1(kLn2Lo)));
-  constexpr float kCoeff[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24,
-                               1.0f / 6,    0.5f,       1.0f,       1.0f};
-  F p = S::set1(kCoeff[0]);
-  for (int i = 1; i < 8; ++i) p = S::add(S::mul(p, r), S::set1(kCoeff[i]));
+  // Horner's rule written out: compilers keep a loop over the coefficients at -O2.
+  F p = S::set1(1.0f / 5040);
+  p = S::add(S::mul(p, r), S::set1(1.0f / 720));
+  p = S::add(S::mul(p, r), S::set1(1.0f / 120));
+  p = S::add(S::mul(p, r), S::set1(1.0f / 24));
+  p = S::add(S::mul(p, r), S::set1(1.0f / 6));
+  p = S::add(S::mul(p, r), S::set1(0.5f));
+  p = S::add(S::mul(p, r), S::set1(1.0f));
+  p = S::add(S::mul(p, r), S::set1(1.0f));
   // 2^n = 2^h * 2^(n - h) with h = n / 2 (arithmetic shift): both exponents stay in range.
   const auto ni = S::to_int(n);
   const auto half = S::template sra<1>(ni);
@@ -43,7 +50,7 @@ DSK_TK_INLINE typename S::F exp(typename S::F x) {
 // ln(x) for x > 0 (0 -> -inf, negative -> NaN, inf -> inf). x = 2^e * m with m in
 // [sqrt(1/2), sqrt(2)), ln m = 2 atanh(s) with s = (m - 1) / (m + 1), |s| <= 0.172, summed to s^11.
 template <class S>
-DSK_TK_INLINE typename S::F log(typename S::F x) {
+DSK_TK_INLINE typename S::F log_body(typename S::F x) {
   using F = typename S::F;
   // Subnormal inputs are scaled into the normal range first.
   const auto tiny = S::lt(x, S::set1(0x1p-126f));
@@ -67,6 +74,84 @@ DSK_TK_INLINE typename S::F log(typename S::F x) {
   y = S::select(S::eq(x, inf), inf, y);
   y = S::select(S::eq(x, S::zero()), S::set1(numeric::float_of(0xFF800000u)), y);
   return S::select(S::lt(x, S::zero()) | S::isnan(x), S::set1(numeric::float_of(0x7FC00000u)), y);
+}
+
+// NOTES: the portable Simd is 16-lane loops over arrays of 16 floats, and every inlined copy of
+// exp or log written in it costs the compiler far more than the AVX-512 one: under
+// AddressSanitizer (the use-after-scope checks of each temporary vector) one generic exp took
+// about 20 s to compile, and a test file that inlined them a dozen times took 8 minutes. The
+// generic exp and log therefore run the same template body on one lane at a time, with ScalarLane
+// below (scalars live in registers), in one out-of-line function each. ScalarLane's operations
+// are the generic Simd's per-lane operations, so the bits are the same.
+namespace math_detail {
+
+struct ScalarLane {
+  using F = float;
+  using I32 = int32_t;
+  static F set1(float x) { return x; }
+  static F zero() { return 0.0f; }
+  static F add(F a, F b) { return a + b; }
+  static F sub(F a, F b) { return a - b; }
+  static F mul(F a, F b) { return a * b; }
+  static F div(F a, F b) { return a / b; }
+  static F max(F a, F b) { return a > b ? a : b; }
+  static F min(F a, F b) { return a < b ? a : b; }
+  static F round(F a) { return std::nearbyint(a); }
+  static Mask16 lt(F a, F b) { return a < b ? 1u : 0u; }
+  static Mask16 gt(F a, F b) { return a > b ? 1u : 0u; }
+  static Mask16 eq(F a, F b) { return a == b ? 1u : 0u; }
+  static Mask16 isnan(F a) { return a != a ? 1u : 0u; }
+  static F select(Mask16 m, F a, F b) { return (m & 1u) != 0 ? a : b; }
+  static I32 bits(F a) { return static_cast<I32>(numeric::bits_of(a)); }
+  static F from_bits(I32 a) { return numeric::float_of(static_cast<uint32_t>(a)); }
+  static I32 iset1(int32_t x) { return x; }
+  static I32 iadd(I32 a, I32 b) {
+    return static_cast<I32>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
+  }
+  static I32 isub(I32 a, I32 b) {
+    return static_cast<I32>(static_cast<uint32_t>(a) - static_cast<uint32_t>(b));
+  }
+  template <int kShift>
+  static I32 shl(I32 a) {
+    return static_cast<I32>(static_cast<uint32_t>(a) << kShift);
+  }
+  template <int kShift>
+  static I32 sra(I32 a) {
+    return a >> kShift;
+  }
+  static I32 to_int(F a) { return static_cast<I32>(a); }
+  static F to_float(I32 a) { return static_cast<F>(a); }
+};
+
+}  // namespace math_detail
+
+template <class S>
+__attribute__((noinline)) typename S::F exp_outlined(typename S::F x) {
+  typename S::F r;
+  for (int i = 0; i < 16; ++i) r.v[i] = exp_body<math_detail::ScalarLane>(x.v[i]);
+  return r;
+}
+template <class S>
+__attribute__((noinline)) typename S::F log_outlined(typename S::F x) {
+  typename S::F r;
+  for (int i = 0; i < 16; ++i) r.v[i] = log_body<math_detail::ScalarLane>(x.v[i]);
+  return r;
+}
+
+template <class S>
+DSK_TK_INLINE typename S::F exp(typename S::F x) {
+  if constexpr (std::is_same_v<S, Simd<tile::generic_t>>)
+    return exp_outlined<S>(x);
+  else
+    return exp_body<S>(x);
+}
+
+template <class S>
+DSK_TK_INLINE typename S::F log(typename S::F x) {
+  if constexpr (std::is_same_v<S, Simd<tile::generic_t>>)
+    return log_outlined<S>(x);
+  else
+    return log_body<S>(x);
 }
 
 // 1 / (1 + e^-x).

@@ -193,6 +193,9 @@ DSK_TK_INLINE void select_best(Candidates& c, int k, int64_t* out) {
       }
       by_rank[rank] = c.index[i];
     }
+    // Fewer candidates than k only for rows with NaN (whose keys order oddly and which the API
+    // rejects): expert 0 keeps the later reads of scores in bounds.
+    for (int j = c.count; j < k; ++j) by_rank[j] = 0;
     for (int j = 0; j < k; ++j) out[j] = by_rank[j];
     return;
   }
@@ -253,6 +256,40 @@ DSK_TK_INLINE bool any_non_finite(const float* v, int num_vectors) {
     bad |= S::isnan(x) | S::eq(S::abs(x), inf);
   }
   return bad != 0;
+}
+
+template <class S>
+DSK_TK_INLINE Mask16 non_finite_lanes(typename S::F x) {
+#if DSK_TILE_HAS_AVX512
+  if constexpr (std::is_same_v<S, Simd<tile::avx512_t>>)
+    return _mm512_fpclass_ps_mask(x, 0x99);  // QNaN | SNaN | +inf | -inf
+#endif
+  return S::isnan(x) | S::eq(S::abs(x), S::set1(std::numeric_limits<float>::infinity()));
+}
+
+// An element-wise score function (not softmax) of one vector.
+template <class S>
+DSK_TK_INLINE typename S::F score_vector(typename S::F x, Scoring scoring) {
+  switch (scoring) {
+    case Scoring::sigmoid:
+      return sigmoid<S>(x);
+    case Scoring::sqrtsoftplus:
+      return S::sqrt(softplus<S>(x));
+    default:
+      return x;
+  }
+}
+
+// Vector v of the biased scores (score + bias) and of their keys (padding lanes removed).
+template <class S>
+DSK_TK_INLINE void bias_and_keys(const float* bias, int n, int v, typename S::F score,
+                                 float* biased, int32_t* keys) {
+  const int live = n - 16 * v;
+  auto b = score;
+  if (bias != nullptr)
+    b = S::add(b, live >= 16 ? S::load(bias + 16 * v) : S::load_n(bias + 16 * v, live));
+  S::store(biased + 16 * v, b);
+  S::istore(keys + 16 * v, S::iselect(first_lanes(live), keys_of<S>(b), S::iset1(kRemoved)));
 }
 
 // Applies the score function to n values (padding lanes included) in place.
@@ -390,6 +427,75 @@ DSK_TK_INLINE void select_groups(const float* group_scores, int num_groups, int 
   }
 }
 
+#if DSK_TILE_HAS_AVX512
+// Folds of lane-wise top-2 pairs: (first, second) of a and b -> the top 2 of the four values
+// (a multiset: equal values count twice). Exact, so any fold order finds the same two values.
+DSK_TK_INLINE void merge_top_two(__m512& first, __m512& second, __m512 first_b, __m512 second_b) {
+  second = _mm512_max_ps(_mm512_min_ps(first, first_b), _mm512_max_ps(second, second_b));
+  first = _mm512_max_ps(first, first_b);
+}
+
+// The top two of each of 8 groups of 32 scores (DeepSeek-V3: 256 experts in 8 groups), all groups
+// at once: each fold step halves the lanes a group spans and packs twice the groups per vector
+// (16 lanes x 8 vectors -> 8 x 4 -> 4 x 2 -> 2 x 1 -> 1 lane pair), instead of two horizontal
+// reductions per group. Writes group g's first and second best to first[g], second[g].
+DSK_TK_INLINE void top_two_of_8_groups_of_32(const float* v, float* first, float* second) {
+  __m512 f[8], s[8];
+  for (int g = 0; g < 8; ++g) {
+    const __m512 x0 = _mm512_loadu_ps(v + 32 * g), x1 = _mm512_loadu_ps(v + 32 * g + 16);
+    f[g] = _mm512_max_ps(x0, x1);
+    s[g] = _mm512_min_ps(x0, x1);
+  }
+  // 128-bit blocks: [A0 A1 B0 B1] with [A2 A3 B2 B3]: groups 2i, 2i+1 in 8 lanes each.
+  for (int i = 0; i < 4; ++i) {
+    const __m512 fa = f[2 * i], fb = f[2 * i + 1], sa = s[2 * i], sb = s[2 * i + 1];
+    f[i] = _mm512_shuffle_f32x4(fa, fb, _MM_SHUFFLE(1, 0, 1, 0));
+    s[i] = _mm512_shuffle_f32x4(sa, sb, _MM_SHUFFLE(1, 0, 1, 0));
+    merge_top_two(f[i], s[i], _mm512_shuffle_f32x4(fa, fb, _MM_SHUFFLE(3, 2, 3, 2)),
+                  _mm512_shuffle_f32x4(sa, sb, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // [P0 P2 Q0 Q2] with [P1 P3 Q1 Q3]: block m of vector j is group 4j + m.
+  for (int j = 0; j < 2; ++j) {
+    const __m512 fp = f[2 * j], fq = f[2 * j + 1], sp = s[2 * j], sq = s[2 * j + 1];
+    f[j] = _mm512_shuffle_f32x4(fp, fq, _MM_SHUFFLE(2, 0, 2, 0));
+    s[j] = _mm512_shuffle_f32x4(sp, sq, _MM_SHUFFLE(2, 0, 2, 0));
+    merge_top_two(f[j], s[j], _mm512_shuffle_f32x4(fp, fq, _MM_SHUFFLE(3, 1, 3, 1)),
+                  _mm512_shuffle_f32x4(sp, sq, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  // Within blocks: lanes 0-1 of block m are group m, lanes 2-3 group m + 4.
+  __m512 f3 = _mm512_shuffle_ps(f[0], f[1], _MM_SHUFFLE(1, 0, 1, 0));
+  __m512 s3 = _mm512_shuffle_ps(s[0], s[1], _MM_SHUFFLE(1, 0, 1, 0));
+  merge_top_two(f3, s3, _mm512_shuffle_ps(f[0], f[1], _MM_SHUFFLE(3, 2, 3, 2)),
+                _mm512_shuffle_ps(s[0], s[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // Lane pairs: lane 4m holds group m, lane 4m + 2 group m + 4.
+  __m512 f4 = _mm512_permute_ps(f3, _MM_SHUFFLE(2, 2, 0, 0));
+  __m512 s4 = _mm512_permute_ps(s3, _MM_SHUFFLE(2, 2, 0, 0));
+  merge_top_two(f4, s4, _mm512_permute_ps(f3, _MM_SHUFFLE(3, 3, 1, 1)),
+                _mm512_permute_ps(s3, _MM_SHUFFLE(3, 3, 1, 1)));
+  const __m512i order = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 14, 10, 6, 2, 12, 8, 4, 0);
+  _mm256_storeu_ps(first, _mm512_castps512_ps256(_mm512_permutexvar_ps(order, f4)));
+  _mm256_storeu_ps(second, _mm512_castps512_ps256(_mm512_permutexvar_ps(order, s4)));
+}
+
+// select_groups for 8 group scores: ranks by 64-bit keys (score key, then the smaller index),
+// so a group's rank is the number of larger keys.
+DSK_TK_INLINE uint32_t select_8_groups(const float* group_scores, int k) {
+  const __m256 x = _mm256_add_ps(_mm256_loadu_ps(group_scores), _mm256_setzero_ps());  // -0 -> +0
+  const __m256i b = _mm256_castps_si256(x);
+  const __m256i key32 =
+      _mm256_mask_xor_epi32(b, _mm256_movepi32_mask(b), b, _mm256_set1_epi32(0x7FFFFFFF));
+  const __m512i key = _mm512_or_si512(_mm512_slli_epi64(_mm512_cvtepi32_epi64(key32), 32),
+                                      _mm512_set_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+  uint32_t kept = 0;
+  for (int g = 0; g < 8; ++g) {
+    const __m512i mine = _mm512_permutexvar_epi64(_mm512_set1_epi64(g), key);
+    const int rank = __builtin_popcount(_mm512_cmpgt_epi64_mask(key, mine));
+    kept |= static_cast<uint32_t>(rank < k) << g;
+  }
+  return kept;
+}
+#endif
+
 // The num_topk best experts by biased score inside the best num_topk_groups groups.
 template <class S>
 DSK_TK_INLINE void select_experts(const GateArgs& a, int num_experts, int num_groups,
@@ -399,16 +505,32 @@ DSK_TK_INLINE void select_experts(const GateArgs& a, int num_experts, int num_gr
     const int per_group = num_experts / num_groups;
     TopTwo top[kMaxGroups];
     float group_scores[kMaxGroups];
-    for (int g = 0; g < num_groups; ++g) {
-      top[g] = group_top_two<S>(biased + g * per_group, per_group);
-      group_scores[g] = top[g].sum(a.topk_sum);
+    uint32_t kept = 0;
+#if DSK_TILE_HAS_AVX512
+    if (std::is_same_v<S, Simd<tile::avx512_t>> && num_groups == 8 && per_group == 32) {
+      alignas(32) float first[8], second[8];
+      top_two_of_8_groups_of_32(biased, first, second);
+      for (int g = 0; g < 8; ++g) {
+        top[g] = {first[g], second[g]};
+        group_scores[g] = top[g].sum(a.topk_sum);
+      }
+      kept = select_8_groups(group_scores, a.num_topk_groups);
+    } else
+#endif
+    {
+      for (int g = 0; g < num_groups; ++g) {
+        top[g] = group_top_two<S>(biased + g * per_group, per_group);
+        group_scores[g] = top[g].sum(a.topk_sum);
+      }
+      kept = select_groups(group_scores, num_groups, a.num_topk_groups);
     }
-    const uint32_t kept = select_groups(group_scores, num_groups, a.num_topk_groups);
     // Each kept group's two best are distinct candidates: the k-th best of them is a floor.
+    // The kept groups are visited in increasing index by clearing the lowest set bit: a loop of
+    // num_topk_groups iterations, where testing every group's bit mispredicts about half of them.
     int32_t witnesses[2 * kMaxGroups];
     int num_witnesses = 0;
-    for (int g = 0; g < num_groups; ++g) {
-      if (((kept >> g) & 1u) == 0) continue;
+    for (uint32_t rest = kept; rest != 0; rest &= rest - 1) {
+      const int g = __builtin_ctz(rest);
       witnesses[num_witnesses++] = key_of(top[g].first);
       if (per_group >= 2) witnesses[num_witnesses++] = key_of(top[g].second);
     }
@@ -416,8 +538,8 @@ DSK_TK_INLINE void select_experts(const GateArgs& a, int num_experts, int num_gr
                               ? kth_largest(witnesses, num_witnesses, a.num_topk)
                               : std::numeric_limits<int32_t>::min();
     // Candidates in increasing expert index (the tie rule counts on it).
-    for (int g = 0; g < num_groups; ++g)
-      if ((kept >> g) & 1u) add_candidates<S>(c, keys, g * per_group, per_group, floor);
+    for (uint32_t rest = kept; rest != 0; rest &= rest - 1)
+      add_candidates<S>(c, keys, __builtin_ctz(rest) * per_group, per_group, floor);
   } else {
     const int first = 0;
     const int32_t floor = num_experts % 16 == 0
@@ -426,6 +548,38 @@ DSK_TK_INLINE void select_experts(const GateArgs& a, int num_experts, int num_gr
     add_candidates<S>(c, keys, 0, num_experts, floor);
   }
   select_best<S>(c, a.num_topk, selected);
+}
+
+// Row outputs: the selection and its weights, w_j = s_j / sum * scale (sum = 1e-20 + s_0 + s_1
+// + ... in slot order) or s_j * scale; the vector form does the same IEEE operations per slot.
+template <class S>
+DSK_TK_INLINE void write_weights(const GateArgs& a, const float* scores, const int64_t* selected,
+                                 int64_t* idx, float* w) {
+  float sum = 1e-20f;
+#if DSK_TILE_HAS_AVX512
+  if constexpr (std::is_same_v<S, Simd<tile::avx512_t>>) {
+    if (a.num_topk <= 8) {
+      const __mmask8 live = static_cast<__mmask8>((1u << a.num_topk) - 1);
+      const __m512i sel = _mm512_maskz_loadu_epi64(live, selected);
+      const __m256 s = _mm512_mask_i64gather_ps(_mm256_setzero_ps(), live, sel, scores, 4);
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, s);
+      for (int j = 0; j < a.num_topk; ++j) sum += lanes[j];
+      const __m256 scale = _mm256_set1_ps(a.scale);
+      const __m256 wv = a.normalize ? _mm256_mul_ps(_mm256_div_ps(s, _mm256_set1_ps(sum)), scale)
+                                    : _mm256_mul_ps(s, scale);
+      _mm512_mask_storeu_epi64(idx, live, sel);
+      _mm256_mask_storeu_ps(w, live, wv);
+      return;
+    }
+  }
+#endif
+  for (int j = 0; j < a.num_topk; ++j) {
+    idx[j] = selected[j];
+    w[j] = scores[selected[j]];
+    sum += w[j];
+  }
+  for (int j = 0; j < a.num_topk; ++j) w[j] = a.normalize ? w[j] / sum * a.scale : w[j] * a.scale;
 }
 
 }  // namespace routing_detail
@@ -486,16 +640,25 @@ void gate_rows(const GateArgs& a, int64_t t0, int64_t t1) {
       for (int j = 0; j < a.num_topk; ++j) idx[j] = -1, w[j] = 0.0f;
       continue;
     }
-    load_padded<S>(a.logits + t * a.logits_stride, n, 0.0f, scores);
-    if (a.non_finite != nullptr) a.non_finite[t] = any_non_finite<S>(scores, num_vectors);
-    score_row<S>(scores, n, num_vectors, a.scoring);
-    for (int v = 0; v < num_vectors; ++v) {
-      const int live = n - 16 * v;
-      auto b = S::load(scores + 16 * v);
-      if (a.bias != nullptr)
-        b = S::add(b, live >= 16 ? S::load(a.bias + 16 * v) : S::load_n(a.bias + 16 * v, live));
-      S::store(biased + 16 * v, b);
-      S::istore(keys + 16 * v, S::iselect(first_lanes(live), keys_of<S>(b), S::iset1(kRemoved)));
+    const float* logits = a.logits + t * a.logits_stride;
+    if (a.scoring == Scoring::softmax) {
+      load_padded<S>(logits, n, 0.0f, scores);
+      if (a.non_finite != nullptr) a.non_finite[t] = any_non_finite<S>(scores, num_vectors);
+      score_row<S>(scores, n, num_vectors, a.scoring);
+      for (int v = 0; v < num_vectors; ++v)
+        bias_and_keys<S>(a.bias, n, v, S::load(scores + 16 * v), biased, keys);
+    } else {
+      // Element-wise scores: one pass from the logits to scores, biased scores and keys.
+      Mask16 bad = 0;
+      for (int v = 0; v < num_vectors; ++v) {
+        const int live = n - 16 * v;
+        const auto x = live >= 16 ? S::load(logits + 16 * v) : S::load_n(logits + 16 * v, live);
+        bad |= non_finite_lanes<S>(x);
+        const auto s = score_vector<S>(x, a.scoring);
+        S::store(scores + 16 * v, s);
+        bias_and_keys<S>(a.bias, n, v, s, biased, keys);
+      }
+      if (a.non_finite != nullptr) a.non_finite[t] = bad != 0;
     }
     const bool fixed = a.fix_mask != nullptr && a.fix_mask[t] != 0;
     if (fixed) {
@@ -503,13 +666,7 @@ void gate_rows(const GateArgs& a, int64_t t0, int64_t t1) {
     } else {
       select_experts<S>(a, n, num_groups, biased, keys, selected);
     }
-    float sum = 1e-20f;
-    for (int j = 0; j < a.num_topk; ++j) {
-      idx[j] = selected[j];
-      w[j] = scores[selected[j]];
-      sum += w[j];
-    }
-    for (int j = 0; j < a.num_topk; ++j) w[j] = a.normalize ? w[j] / sum * a.scale : w[j] * a.scale;
+    write_weights<S>(a, scores, selected, idx, w);
   }
 }
 
