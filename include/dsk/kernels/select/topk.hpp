@@ -330,18 +330,22 @@ inline void histogram(const uint32_t* keys, int64_t m, int shift, uint32_t bins,
   for (uint32_t b = 0; b < bins; ++b) hist[b] = part[0][b] + part[1][b] + part[2][b] + part[3][b];
 }
 
-// Keeps exactly k of the n > k candidates (in buffer order): every one whose key is above the
-// k-th largest key, then those equal to it until k are kept. Returns the k-th largest key.
-// Radix select from the highest bit in which the keys differ, kRadixBits per round, each round over
-// the keys of the previous round's bin (gathered behind the n keys, in the second half of b.keys).
+// Cuts the buffer's n > k candidates down to at most max_keep (>= k), in buffer order, and
+// returns a floor key F: every kept key is >= F, at least k are kept, so a later value whose key
+// is <= F can no longer enter the top k. Radix select from the highest bit in which the keys
+// differ, kRadixBits per round, each round over the keys of the previous round's bin (gathered
+// behind the n keys, in the second half of b.keys). It stops at the first round whose bin, kept
+// whole with everything above it, fits in max_keep; with max_keep == k it runs to the exact k-th
+// key and keeps ties of it in buffer order until k are kept.
 template <class I>
-uint32_t keep_largest(Buffer& b, int64_t n, int64_t k) {
+uint32_t cut(Buffer& b, int64_t& n, int64_t k, int64_t max_keep) {
   using S = Scan<I>;
   uint32_t lo = 0, hi = 0;
   S::make_keys(b.bits, n, b.keys, lo, hi);
   int undecided = lo == hi ? 0 : 32 - __builtin_clz(lo ^ hi);  // bits [0, undecided) differ
   uint32_t prefix = undecided == 32 ? 0 : hi & ~((1u << undecided) - 1u);
-  int64_t need = k;  // how many of the keys matching `prefix` must still be taken
+  int64_t need = k;   // how many of the keys matching `prefix` must still be taken
+  int64_t above = 0;  // keys above the current bin
   const uint32_t* in = b.keys;
   int64_t m = n;
   uint32_t* subset = b.keys + n;
@@ -351,15 +355,22 @@ uint32_t keep_largest(Buffer& b, int64_t n, int64_t k) {
     const uint32_t bins = 1u << width;
     histogram(in, m, shift, bins, hist);
     uint32_t bin = bins - 1;
-    while (static_cast<int64_t>(hist[bin]) < need) need -= hist[bin--];
+    while (static_cast<int64_t>(hist[bin]) < need) {
+      need -= hist[bin];
+      above += hist[bin--];
+    }
     prefix |= bin << shift;
     undecided = shift;
+    if (above + static_cast<int64_t>(hist[bin]) <= max_keep) {  // keep the whole bin
+      if (prefix > 0) n = S::compact(b.bits, b.pos, b.keys, n, prefix - 1, 0);
+      return prefix;
+    }
     if (undecided > 0 && static_cast<int64_t>(hist[bin]) < m) {  // else all are in the bin
       m = S::gather_bin(in, m, shift, bins - 1, bin, subset);
       in = subset;
     }
   }
-  S::compact(b.bits, b.pos, b.keys, n, prefix, need);
+  n = S::compact(b.bits, b.pos, b.keys, n, prefix, need);  // prefix is the k-th key
   return prefix;
 }
 
@@ -375,28 +386,12 @@ inline int64_t visiting_stride(int64_t blocks) {
   return s;
 }
 
-// A cheaper cut for the middle of a scan, which needs the buffer smaller and the threshold higher
-// but not the exact k-th key: one histogram over the buffer's key range finds the bin holding the
-// k-th largest key, and every candidate at or above that bin's lowest key is kept (at least k).
-// Returns that lowest key, or 0 when the bin is too full to free a quarter of the slack (then the
-// caller cuts exactly).
-template <class I>
-uint32_t cut_to_bin(Buffer& b, int64_t& n, int64_t k, int64_t slack) {
-  uint32_t lo = 0, hi = 0;
-  Scan<I>::make_keys(b.bits, n, b.keys, lo, hi);
-  if (lo == hi) return 0;
-  const int top = 32 - __builtin_clz(lo ^ hi);  // bits [0, top) differ
-  const int width = std::min(kRadixBits, top), shift = top - width;
-  const uint32_t prefix = top == 32 ? 0 : hi & ~((1u << top) - 1u);
-  uint32_t hist[1u << kRadixBits];
-  histogram(b.keys, n, shift, 1u << width, hist);
-  uint32_t bin = (1u << width) - 1;
-  int64_t kept = hist[bin];
-  while (kept < k) kept += hist[--bin];
-  const uint32_t edge = prefix | (bin << shift);
-  if (edge == 0 || kept > n - slack / 4) return 0;
-  n = Scan<I>::compact(b.bits, b.pos, b.keys, n, edge - 1, 0);
-  return edge;
+// Prefetches the cache lines of x[j0, j1) into L2.
+template <class T>
+inline void prefetch_range(const T* x, int64_t j0, int64_t j1) {
+  const char* p = reinterpret_cast<const char*>(x + j0);
+  const char* e = reinterpret_cast<const char*>(x + j1);
+  for (; p < e; p += 64) __builtin_prefetch(p, 0, 2);
 }
 
 // The top k of x[begin, end) (end - begin > k) into the buffer: returns with exactly k candidates
@@ -411,26 +406,27 @@ void select_segment(const T* x, int64_t begin, int64_t end, int64_t k, Buffer& b
   float threshold = 0.0f;
   for (int64_t visit = 0, block = 0; visit < blocks; ++visit, block = (block + stride) % blocks) {
     const int64_t block_end = std::min(end, begin + (block + 1) * kVisit);
+    // The next block in visiting order starts elsewhere in memory, where the hardware prefetcher
+    // cannot guess: fetch it piece by piece while this one is scanned.
+    const int64_t ahead = visit + 1 < blocks ? ((block + stride) % blocks - block) * kVisit : 0;
     for (int64_t j0 = begin + block * kVisit; j0 < block_end; j0 += kStep) {
       const int64_t j1 = std::min(block_end, j0 + kStep);
+      if (ahead != 0) prefetch_range(x, j0 + ahead, std::min(end, j1 + ahead));
       n += have_threshold ? Scan<I>::filter_greater(x, j0, j1, threshold, b.bits + n, b.pos + n)
                           : Scan<I>::append_all(x, j0, j1, b.bits + n, b.pos + n);
       if (n < k + slack) continue;
-      // Candidates at or above `floor` stay; the scan then takes values above the key below it.
-      uint32_t floor = cut_to_bin<I>(b, n, k, slack);
-      if (floor == 0) {
-        floor = keep_largest<I>(b, n, k);
-        n = k;
-        if (floor == kNanKey) return;  // k NaNs: nothing ranks above them
-        floor += 1;  // keep_largest keeps ties of its k-th key; later ones are not needed
+      // Free at least half the slack; later values must rank above the floor to matter.
+      const uint32_t floor = cut<I>(b, n, k, k + slack / 2);
+      if (floor == kNanKey) {  // at least k NaNs: nothing ranks above them
+        cut<I>(b, n, k, k);
+        return;
       }
-      if (floor == kNanKey) return;  // at least k NaNs kept
-      const uint32_t bits = bits_of_key(floor - 1);
+      const uint32_t bits = bits_of_key(floor);
       std::memcpy(&threshold, &bits, 4);
       have_threshold = true;
     }
   }
-  if (n > k) keep_largest<I>(b, n, k);
+  if (n > k) cut<I>(b, n, k, k);
 }
 
 // ---- whole rows ----
@@ -536,7 +532,7 @@ void topk_rows(const RowArgs& a, int64_t row0, int64_t row1, Buffer& b) {
 // One row from the candidates of its segments, gathered in b (n of them, any n).
 template <class I, class T>
 void merge_row(const RowArgs& a, int64_t row, int64_t n, Buffer& b) {
-  if (n > a.k) n = (keep_largest<I>(b, n, a.k), a.k);
+  if (n > a.k) cut<I>(b, n, a.k, a.k);
   write_row<I, T>(a, row, b.bits, b.pos, n, reinterpret_cast<uint64_t*>(b.keys));
 }
 
