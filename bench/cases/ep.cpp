@@ -2,7 +2,9 @@
 // of the received rows, BF16 or FP8, per second) at T = 4096, H = 7168, top-8, E = 256 (T = 1024
 // with --quick), on the shared-memory transport (peer: memcpy of the same bytes on every rank at
 // once) and on the MPI transport (peer: one plain MPI_Alltoallv moving the same bytes), and the
-// overlap gain of an asynchronous dispatch with compute between the call and its wait.
+// overlap gain of an asynchronous dispatch with compute between the call and its wait; and the
+// low-latency mode at T = 128 (times in µs; bytes counted per (token, expert) message as upstream
+// counts them).
 //
 // Run it under mpirun (as root, with OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1):
 //   mpirun -np 2 --oversubscribe dsk bench ep
@@ -70,8 +72,11 @@ double collective_seconds(const std::function<void()>& call, int iters) {
 // Iterations per timed call: the same on every rank, and long enough that the runner's warm-up
 // ends after exactly two calls.
 int agreed_iterations(const std::function<void()>& call, bool quick) {
+  // Two calls first: low-latency calls alternate between two result blocks, each faulted in on
+  // its first use, and a slow first sample would make later calls shorter than the warm-up.
   call();
-  const double one = collective_seconds(call, 1);
+  call();
+  const double one = collective_seconds(call, 2);
   const double target = quick ? 0.03 : 0.15;
   return static_cast<int>(std::clamp(std::ceil(target / std::max(one, 1e-6)), 1.0, 1e5));
 }
@@ -180,13 +185,25 @@ Prepared timed(const std::function<void()>& call, double bytes, std::function<vo
 
 enum class Op { dispatch, dispatch_fp8, combine };
 
+// Case-name suffix of a transport.
+std::string suffix(ep::Transport transport) {
+  switch (transport) {
+    case ep::Transport::shared_memory:
+      return "_shm";
+    case ep::Transport::mpi_one_sided:
+      return "_mpi_rma";
+    default:
+      return "_mpi";
+  }
+}
+
 BenchCase transfer_case(Op op, ep::Transport transport) {
-  const bool mpi = transport == ep::Transport::mpi;
+  const bool mpi = transport != ep::Transport::shared_memory;
   const std::string name = std::string(op == Op::combine ? "ep_combine_bf16" : "ep_dispatch_") +
                            (op == Op::dispatch       ? "bf16"
                             : op == Op::dispatch_fp8 ? "fp8"
                                                      : "") +
-                           (mpi ? "_mpi" : "_shm");
+                           suffix(transport);
   return {.name = name,
           .shape = "T=4096(--quick 1024),H=7168,topk=8,E=256",
           .ceiling = "dram_read",
@@ -256,15 +273,115 @@ BenchCase overlap_case() {
           }};
 }
 
+// ---- Low-latency mode: T = 128 (upstream's decode benchmark), FP8 dispatch, BF16 combine ----
+constexpr int64_t kLowLatencyTokens = 128;
+
+struct LowLatencyProblem {
+  std::unique_ptr<ep::Buffer> buffer;
+  Tensor x, topk, weights, y;  // y: the experts' outputs in the masked layout
+  ep::LowLatencyHandle handle;
+  std::vector<int64_t> dispatch_bytes, combine_bytes;  // per destination rank, as sent
+};
+
+std::shared_ptr<LowLatencyProblem> make_low_latency_problem(ep::Transport transport) {
+  auto p = std::make_shared<LowLatencyProblem>();
+  const int R = comm().size();
+  const int E = kExperts - kExperts % R, El = E / R;
+  const int64_t T = kLowLatencyTokens;
+  p->buffer = std::make_unique<ep::Buffer>(comm(), ep::BufferConfig{.num_max_tokens_per_rank = T,
+                                                                    .hidden = kHidden,
+                                                                    .num_topk = kTopk,
+                                                                    .num_experts = E,
+                                                                    .transport = transport});
+  p->x = Tensor::empty({T, kHidden}, DType::bf16);
+  std::vector<float> row(static_cast<size_t>(T * kHidden));
+  fill_uniform(row.data(), row.size(), 17 + static_cast<uint64_t>(comm().rank()));
+  convert_f32_to_bf16(row.data(), p->x.data<bf16>(), row.size());
+  std::mt19937_64 rng(23 + static_cast<uint64_t>(comm().rank()));
+  p->topk = Tensor::empty({T, kTopk}, DType::i64);
+  p->weights = Tensor::empty({T, kTopk}, DType::f32);
+  p->dispatch_bytes.assign(R, 0);
+  p->combine_bytes.assign(R, 0);
+  std::vector<int> experts(E);
+  for (int64_t t = 0; t < T; ++t) {
+    std::iota(experts.begin(), experts.end(), 0);
+    std::vector<bool> hit(R, false);
+    for (int k = 0; k < kTopk; ++k) {
+      std::swap(experts[k], experts[k + rng() % (E - k)]);
+      p->topk.data<int64_t>()[t * kTopk + k] = experts[k];
+      p->weights.data<float>()[t * kTopk + k] = 1.0f / kTopk;
+      p->combine_bytes[experts[k] / El] += kHidden * 2;
+      if (!hit[experts[k] / El]) p->dispatch_bytes[experts[k] / El] += kHidden + kHidden / 32;
+      hit[experts[k] / El] = true;
+    }
+  }
+  const ep::LowLatencyDispatchResult d = p->buffer->low_latency_dispatch(p->x, p->topk, T, E);
+  p->handle = d.handle;
+  p->y = Tensor::empty({El, R * T, kHidden}, DType::bf16);
+  p->y.fill_bytes_(0x3C);  // the rows combine reads hold finite values
+  return p;
+}
+
+// Upstream's count: FP8 bytes (with scales) per (token, expert) message for dispatch, BF16 bytes
+// per message for combine.
+double low_latency_bytes(bool dispatch) {
+  const double per_message = dispatch ? kHidden + kHidden / 32.0 : kHidden * 2.0;
+  return per_message * static_cast<double>(kLowLatencyTokens * kTopk);
+}
+
+// The peer: a memcpy of the counted bytes (shared memory), or one MPI_Alltoallv of the bytes this
+// rank sends (MPI: a token crosses to a rank once).
+std::function<void()> low_latency_peer(const std::vector<int64_t>& to, bool mpi, bool dispatch) {
+  if (!mpi) return memcpy_peer(static_cast<int64_t>(low_latency_bytes(dispatch)));
+  std::vector<int64_t> from(to.size());
+  comm().alltoallv(to.data(), std::vector<int64_t>(to.size(), 8), from.data(),
+                   std::vector<int64_t>(to.size(), 8));
+  const int64_t send = std::accumulate(to.begin(), to.end(), int64_t{0});
+  const int64_t recv = std::accumulate(from.begin(), from.end(), int64_t{0});
+  auto sbuf = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(send), std::byte{1});
+  auto rbuf = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(recv));
+  return [sbuf, rbuf, to, from] { comm().alltoallv(sbuf->data(), to, rbuf->data(), from); };
+}
+
+BenchCase low_latency_case(bool dispatch, ep::Transport transport) {
+  const bool mpi = transport != ep::Transport::shared_memory;
+  return {
+      .name =
+          std::string(dispatch ? "ep_ll_dispatch_fp8" : "ep_ll_combine_bf16") + suffix(transport),
+      .shape = "T=128,H=7168,topk=8,E=256",
+      .ceiling = "dram_read",
+      .peer = mpi ? "MPI_Alltoallv" : "memcpy",
+      .unavailable = needs_mpirun,
+      .prepare = [=](const CaseContext& ctx) {
+        auto p = make_low_latency_problem(transport);
+        const int E = kExperts - kExperts % comm().size();
+        std::function<void()> call;
+        if (dispatch) {
+          call = [p, E] { p->buffer->low_latency_dispatch(p->x, p->topk, kLowLatencyTokens, E); };
+        } else {
+          call = [p] { p->buffer->low_latency_combine(p->y, p->topk, p->weights, p->handle); };
+        }
+        const auto& to = dispatch ? p->dispatch_bytes : p->combine_bytes;
+        return timed(call, low_latency_bytes(dispatch),
+                     replayed_peer(low_latency_peer(to, mpi, dispatch), ctx.quick), ctx.quick);
+      }};
+}
+
 }  // namespace
 
 void register_ep_cases(Registry& r) {
-  for (ep::Transport transport : {ep::Transport::shared_memory, ep::Transport::mpi}) {
+  for (ep::Transport transport :
+       {ep::Transport::shared_memory, ep::Transport::mpi_alltoallv, ep::Transport::mpi_one_sided}) {
     r.add(transfer_case(Op::dispatch, transport));
     r.add(transfer_case(Op::combine, transport));
   }
   r.add(transfer_case(Op::dispatch_fp8, ep::Transport::shared_memory));
   r.add(overlap_case());
+  for (ep::Transport transport :
+       {ep::Transport::shared_memory, ep::Transport::mpi_alltoallv, ep::Transport::mpi_one_sided}) {
+    r.add(low_latency_case(true, transport));
+    r.add(low_latency_case(false, transport));
+  }
 }
 
 }  // namespace dsk::bench

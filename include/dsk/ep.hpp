@@ -22,11 +22,13 @@
 //                  partials added in the order of each rank's last top-k slot (refs.py order).
 #pragma once
 
+#include <any>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <dsk/core/tensor.hpp>
@@ -39,6 +41,7 @@ struct CommImpl;
 struct BufferImpl;
 struct EventState;
 struct Plan;
+struct LowLatencyPlan;
 }  // namespace detail
 
 // ---- Communicator: the group of ranks, an MPI communicator underneath ----
@@ -79,8 +82,11 @@ inline Communicator from_mpi(MPI_Comm comm) {
 }
 #endif
 
-// How the bytes travel. automatic: shared memory when every rank is on this host, else MPI.
-enum class Transport { automatic, shared_memory, mpi };
+// How the bytes travel. automatic: shared memory when every rank is on this host, else mpi.
+// mpi: the faster MPI variant as measured (docs/ep.md): mpi_alltoallv (counts, then one
+// MPI_Alltoallv) or mpi_one_sided (MPI_Put into a window + ordered signal + flush, the
+// shared-memory protocol over MPI RMA; destroying its buffer is collective, with the timeout).
+enum class Transport { automatic, shared_memory, mpi, mpi_alltoallv, mpi_one_sided };
 const char* transport_name(Transport t);
 
 // ---- Events (upstream EventOverlap) ----
@@ -97,12 +103,26 @@ class EventOverlap {
   explicit EventOverlap(std::shared_ptr<detail::EventState> state) : state_(std::move(state)) {}
 
   bool done() const;
-  void wait() const;
+  // Returns what the hook returned (upstream V2.5: the deferred epilogue's results), the same
+  // value on every later wait; an empty std::any without a hook or for a void hook.
+  std::any wait() const;
   void current_stream_wait() const { wait(); }
-  // One hook at a time; registering replaces the previous one.
-  void register_hook_after_wait(std::function<void()> hook) const;
+  // One hook at a time; registering replaces the previous one. Any callable, returning a value
+  // (which wait() then returns) or void.
+  template <class Hook>
+  void register_hook_after_wait(Hook hook) const {
+    if constexpr (std::is_void_v<std::invoke_result_t<Hook&>>) {
+      set_hook([h = std::move(hook)]() mutable -> std::any {
+        h();
+        return {};
+      });
+    } else {
+      set_hook([h = std::move(hook)]() mutable -> std::any { return std::any(h()); });
+    }
+  }
 
  private:
+  void set_hook(std::function<std::any()> hook) const;
   std::shared_ptr<detail::EventState> state_;
 };
 
@@ -179,6 +199,12 @@ struct DispatchResult {
   std::vector<int> num_recv_tokens_per_expert_list{};  // empty when num_worst_tokens > 0
   DispatchHandle handle{};
   EventOverlap event{};
+
+  // Waits for the operation (event.wait()) and returns these results, then valid.
+  const DispatchResult& wait() const {
+    event.wait();
+    return *this;
+  }
 };
 
 struct CombineArgs {
@@ -193,6 +219,82 @@ struct CombineResult {
   Tensor combined_x{};                            // bf16 [T, H]
   std::optional<Tensor> combined_topk_weights{};  // f32 [T, K] when topk_weights were given
   EventOverlap event{};
+
+  // Waits for the operation (event.wait()) and returns these results, then valid.
+  const CombineResult& wait() const {
+    event.wait();
+    return *this;
+  }
+};
+
+// ---- Low-latency mode (upstream V1 low_latency_dispatch / low_latency_combine) ----
+// No host-side sizing round: every output has its worst-case shape, fixed by
+// num_max_dispatch_tokens_per_rank (Tmax, the same on every rank, T <= Tmax). One message per
+// (token, selected expert); experts receive in the masked layout [E_local, R*Tmax, H] of
+// gemm::m_grouped_*_masked, only rows [0, recv_count[e]) of expert e valid, the rows of source rank
+// s at layout_range[e][s] in the source's token order (ascending source rank, so runs are
+// deterministic).
+//
+// Results live in two buffers the Buffer keeps (upstream's odd/even buffers): at most two
+// low-latency results (recv_x / recv_x_sf of a dispatch, combined_x of a combine without `out`)
+// may be alive at once. A call while two are still referenced raises dsk::Error on the calling
+// rank (its peers then time out): drop an earlier result first.
+struct LowLatencyHandle {
+  Tensor src_info{};      // i32 [E_local, R*Tmax]: each row's token index in its source rank
+  Tensor layout_range{};  // i64 [E_local, R]: (begin << 32) | count of each source rank's rows
+  int64_t num_max_dispatch_tokens_per_rank = 0;
+  int64_t hidden = 0;
+  int num_experts = 0;
+  std::shared_ptr<const detail::LowLatencyPlan> plan{};  // the routing combine sends back along
+};
+
+struct LowLatencyDispatchArgs {
+  bool use_fp8 = true;       // cast to e4m3 on the sender, one scale per 128 channels (amax/448)
+  bool round_scale = false;  // scales rounded up to powers of two (UE8M0 values, still f32)
+  bool use_ue8m0 = false;    // with round_scale: scales packed 4 per int32 [E_local, R*Tmax, H/512]
+  std::optional<Tensor> cumulative_local_expert_recv_stats{};  // i32 [E_local], += recv_count
+  bool async_finish = false;      // rows move on the communication thread until event.wait()
+  bool return_recv_hook = false;  // the call only sends; calling `hook` receives
+};
+
+struct LowLatencyDispatchResult {
+  Tensor recv_x{};                    // bf16 or e4m3 [E_local, R*Tmax, H]
+  std::optional<Tensor> recv_x_sf{};  // FP8: f32 [E_local, R*Tmax, H/128] or i32 [.., H/512]
+  Tensor recv_count{};                // i32 [E_local]
+  LowLatencyHandle handle{};
+  EventOverlap event{};
+  // With return_recv_hook: completes the receive (the results are valid once it returned); later
+  // calls do nothing. Any later operation on the buffer completes it too. Call it before the
+  // buffer is destroyed. Empty otherwise.
+  std::function<void()> hook{};
+
+  // Completes the operation (its hook, or its event) and returns these results, then valid.
+  const LowLatencyDispatchResult& wait() const {
+    if (hook) hook();
+    event.wait();
+    return *this;
+  }
+};
+
+struct LowLatencyCombineArgs {
+  bool use_logfmt = false;  // not supported: must be false
+  bool zero_copy = false;   // not supported: must be false
+  bool async_finish = false;
+  bool return_recv_hook = false;
+  std::optional<Tensor> out{};  // bf16 [T, H] written in place of a buffer-owned result
+};
+
+struct LowLatencyCombineResult {
+  Tensor combined_x{};  // bf16 [T, H]
+  EventOverlap event{};
+  std::function<void()> hook{};  // as in LowLatencyDispatchResult
+
+  // Completes the operation (its hook, or its event) and returns these results, then valid.
+  const LowLatencyCombineResult& wait() const {
+    if (hook) hook();
+    event.wait();
+    return *this;
+  }
 };
 
 // ---- Buffer ----
@@ -209,10 +311,16 @@ class Buffer {
   static int64_t get_buffer_size_hint(int num_ranks, int64_t num_max_tokens_per_rank,
                                       int64_t hidden, int num_topk, bool use_fp8_dispatch);
 
-  // Frees the buffers (local: peers keep their mappings). Refused while an operation is
-  // outstanding. Later calls on the buffer raise dsk::Error.
+  // Frees the buffers (local: peers keep their mappings; with mpi_one_sided the window is freed
+  // collectively once every rank arrives within the timeout, else leaked). Refused while an
+  // operation is outstanding. Later calls on the buffer raise dsk::Error.
   void destroy();
   bool is_available() const;
+  // Collective: replaces the communication buffers with ones of `num_bytes` per rank (0: sized
+  // from the configuration's MoE sizes), keeping the configuration otherwise. Refused on every rank
+  // (dsk::Error) while any rank has an operation outstanding; clears a failed exchange's state.
+  // Handles of earlier dispatches stay valid.
+  void resize(int64_t num_bytes);
 
   int rank() const;
   int num_ranks() const;
@@ -234,6 +342,19 @@ class Buffer {
   // returned it, already reduced over the local experts in non-expand mode.
   CombineResult combine(const Tensor& x, const DispatchHandle& handle,
                         const CombineArgs& args = {});
+
+  // x: bf16 [T, H]; topk_idx: i64 or i32 [T, K] global ids or -1; num_experts: the buffer's.
+  LowLatencyDispatchResult low_latency_dispatch(const Tensor& x, const Tensor& topk_idx,
+                                                int64_t num_max_dispatch_tokens_per_rank,
+                                                int num_experts,
+                                                const LowLatencyDispatchArgs& args = {});
+  // x: bf16 [E_local, R*Tmax, H], the experts' outputs in the dispatch's masked layout (only the
+  // valid rows are read); topk_idx: the dispatch's; topk_weights: f32 [T, K]. Returns
+  // combined[t] = bf16(sum over k in top-k order, idx >= 0, of f32 w[t][k] * f32(x row of (t, k))).
+  LowLatencyCombineResult low_latency_combine(const Tensor& x, const Tensor& topk_idx,
+                                              const Tensor& topk_weights,
+                                              const LowLatencyHandle& handle,
+                                              const LowLatencyCombineArgs& args = {});
 
  private:
   std::unique_ptr<detail::BufferImpl> impl_;

@@ -70,6 +70,18 @@ void check_config(const BufferConfig& c, int num_ranks) {
 
 }  // namespace
 
+std::unique_ptr<Channel> make_channel(Transport transport, const CommImpl& comm, int64_t num_bytes,
+                                      double timeout_s) {
+  switch (transport) {
+    case Transport::shared_memory:
+      return make_shm_channel(comm, num_bytes, timeout_s);
+    case Transport::mpi_one_sided:
+      return make_mpi_rma_channel(comm, num_bytes, timeout_s);
+    default:
+      return make_mpi_channel(comm, timeout_s);
+  }
+}
+
 BufferImpl::~BufferImpl() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -81,6 +93,7 @@ BufferImpl::~BufferImpl() {
 
 void BufferImpl::check_usable(const char* fn) {
   DSK_CHECK(!destroyed, fn, "the buffer was destroyed");
+  complete_deferred(fn);  // exchanges run one at a time: an unreceived one finishes first
   wait_idle();
   DSK_CHECK(!broken, fn,
             "an earlier exchange on this buffer failed (timeout or disagreement between ranks); "
@@ -121,6 +134,68 @@ Tensor BufferImpl::pooled(const Shape& shape, DType dtype) {
   }
   if (pool_.size() < 8) pool_.push_back(block);
   return Tensor::from_blob(block.memory.get(), shape, dtype, {}, block.memory);
+}
+
+void BufferImpl::defer(const std::shared_ptr<Operation>& op, const char* fn) {
+  ++outstanding;
+  try {
+    op->exchange = channel->start(op->spec, fn);
+    op->exchange->poll();  // post the headers and the records that fit now
+  } catch (...) {
+    --outstanding;
+    broken = true;
+    throw;
+  }
+  op->event->done = false;
+  deferred_ = op;
+}
+
+void BufferImpl::complete_deferred(const char* fn) {
+  if (!deferred_) return;
+  const std::shared_ptr<Operation> op = std::move(deferred_);
+  deferred_ = nullptr;
+  std::exception_ptr error;
+  try {
+    drive(*op->exchange, timeout_s, fn);
+  } catch (...) {
+    error = std::current_exception();
+    broken = true;
+  }
+  op->exchange.reset();
+  --outstanding;
+  if (!error) {
+    try {
+      op->finish();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  op->event->complete(error);
+  if (error) std::rethrow_exception(error);
+}
+
+std::shared_ptr<std::byte> BufferImpl::low_latency_block(size_t bytes, const char* fn) {
+  // use_count 1: only the buffer holds the block, no result (or operation) uses it any more.
+  int pick = -1;
+  for (int i = 0; i < 2 && pick < 0; ++i) {
+    const int candidate = (low_latency_next_ + i) % 2;
+    const Block& b = low_latency_blocks_[candidate];
+    if (!b.memory || b.memory.use_count() == 1) pick = candidate;
+  }
+  DSK_CHECK(pick >= 0, fn,
+            "two low-latency results are still alive (the buffer keeps two, like upstream's "
+            "odd/even buffers): drop the recv_x / combined_x of an earlier low-latency call first");
+  low_latency_next_ = (pick + 1) % 2;
+  Block& block = low_latency_blocks_[pick];
+  if (block.bytes < bytes) {
+    constexpr size_t kAlign = size_t{2} << 20;
+    const size_t rounded = align_up(std::max<size_t>(bytes, 1), kAlign);
+    block.memory.reset();
+    auto* raw = static_cast<std::byte*>(std::aligned_alloc(kAlign, rounded));
+    DSK_CHECK(raw != nullptr, fn, "out of memory allocating " + std::to_string(rounded) + " bytes");
+    block = {std::shared_ptr<std::byte>(raw, [](std::byte* p) { std::free(p); }), rounded};
+  }
+  return block.memory;
 }
 
 void BufferImpl::execute(const std::shared_ptr<Operation>& op, bool async, const char* fn) {
@@ -240,11 +315,8 @@ Buffer::Buffer(const Communicator& comm, const BufferConfig& config)
                     ? config.num_bytes
                     : get_buffer_size_hint(b.num_ranks, config.num_max_tokens_per_rank,
                                            config.hidden, config.num_topk, config.use_fp8_dispatch);
-  if (b.transport == Transport::shared_memory) {
-    b.channel = detail::make_shm_channel(comm.impl(), b.num_bytes, b.timeout_s);
-  } else {
-    b.channel = detail::make_mpi_channel(comm.impl(), b.timeout_s);
-  }
+  if (b.transport == Transport::mpi) b.transport = detail::kDefaultMpiTransport;
+  b.channel = detail::make_channel(b.transport, comm.impl(), b.num_bytes, b.timeout_s);
 }
 
 // Tearing down is local (each rank unmaps its own view of the segments), so neither the
@@ -257,6 +329,44 @@ void Buffer::destroy() {
                 " operation(s) are still outstanding: wait for their events first");
   impl_->channel.reset();
   impl_->destroyed = true;
+}
+
+void Buffer::resize(int64_t num_bytes) {
+  const char* fn = "ep::Buffer::resize";
+  detail::BufferImpl& b = *impl_;
+  DSK_CHECK(!b.destroyed, fn, "the buffer was destroyed");
+  DSK_CHECK_ARG(num_bytes >= 0, fn, "num_bytes", "0 (size from the MoE sizes) or positive",
+                num_bytes);
+  if (num_bytes == 0) {
+    const BufferConfig& c = b.config;
+    DSK_CHECK_ARG(c.num_max_tokens_per_rank > 0 && c.hidden > 0 && c.num_topk > 0, fn, "num_bytes",
+                  "positive for a buffer built without the MoE sizes", num_bytes);
+    num_bytes = get_buffer_size_hint(b.num_ranks, c.num_max_tokens_per_rank, c.hidden, c.num_topk,
+                                     c.use_fp8_dispatch);
+  }
+  // Agree first: every rank learns whether any rank still has an operation outstanding (an
+  // asynchronous one, or a low-latency receive waiting for its hook) and raises alike.
+  struct Vote {
+    int64_t num_bytes;
+    int64_t outstanding;
+  };
+  const Vote mine{num_bytes, b.outstanding.load()};
+  std::vector<Vote> all(b.num_ranks);
+  detail::allgather(b.comm.impl(), &mine, all.data(), sizeof mine, b.timeout_s, fn);
+  for (int r = 0; r < b.num_ranks; ++r) {
+    DSK_CHECK(all[r].outstanding == 0, fn,
+              "rank " + std::to_string(r) + " has " + std::to_string(all[r].outstanding) +
+                  " operation(s) outstanding: wait for their events (or call their hooks) first");
+    DSK_CHECK(all[r].num_bytes == num_bytes, fn,
+              "ranks disagree on the size: rank " + std::to_string(b.rank) + " asks for " +
+                  std::to_string(num_bytes) + ", rank " + std::to_string(r) + " for " +
+                  std::to_string(all[r].num_bytes));
+  }
+  b.channel.reset();  // unmaps this rank's view first, so old and new never coexist
+  b.num_bytes = num_bytes;
+  b.config.num_bytes = num_bytes;
+  b.channel = detail::make_channel(b.transport, b.comm.impl(), num_bytes, b.timeout_s);
+  b.broken = false;  // a fresh channel: no exchange is left half done
 }
 
 bool Buffer::is_available() const {
@@ -312,6 +422,21 @@ DispatchLayout Buffer::get_dispatch_layout(const Tensor& topk_idx, int num_exper
     }
   }
   return out;
+}
+
+LowLatencyDispatchResult Buffer::low_latency_dispatch(const Tensor& x, const Tensor& topk_idx,
+                                                      int64_t num_max_dispatch_tokens_per_rank,
+                                                      int num_experts,
+                                                      const LowLatencyDispatchArgs& args) {
+  return detail::run_low_latency_dispatch(*impl_, x, topk_idx, num_max_dispatch_tokens_per_rank,
+                                          num_experts, args);
+}
+
+LowLatencyCombineResult Buffer::low_latency_combine(const Tensor& x, const Tensor& topk_idx,
+                                                    const Tensor& topk_weights,
+                                                    const LowLatencyHandle& handle,
+                                                    const LowLatencyCombineArgs& args) {
+  return detail::run_low_latency_combine(*impl_, x, topk_idx, topk_weights, handle, args);
 }
 
 }  // namespace dsk::ep

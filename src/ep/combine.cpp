@@ -208,7 +208,9 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
                       .expand = plan.expand ? 1 : 0,
                       .alignment = 0,
                       .num_experts = b.config.num_experts,
-                      .cached = 0};
+                      .cached = 0,
+                      .tmax = 0,
+                      .reserved = 0};
   for (int d = 0; d < R; ++d) {
     const HeaderView hv{spec.send_headers.data() + spec.header_bytes * d, R};
     hv.sig() = sig;

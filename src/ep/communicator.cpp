@@ -222,6 +222,10 @@ const char* transport_name(Transport t) {
       return "shared_memory";
     case Transport::mpi:
       return "mpi";
+    case Transport::mpi_alltoallv:
+      return "mpi_alltoallv";
+    case Transport::mpi_one_sided:
+      return "mpi_one_sided";
   }
   return "?";
 }
@@ -243,28 +247,33 @@ bool EventOverlap::done() const {
 }
 
 // Upstream's hook rules: the hook runs once, after the first wait that succeeds; a failed wait
-// leaves it registered; a hook that throws is not retried.
-void EventOverlap::wait() const {
-  if (!state_) return;
-  std::function<void()> hook;
+// leaves it registered; a hook that throws is not retried. Later waits return its result again.
+std::any EventOverlap::wait() const {
+  if (!state_) return {};
+  std::function<std::any()> hook;
   {
     std::unique_lock<std::mutex> lock(state_->mutex);
     state_->cv.wait(lock, [&] { return state_->done; });
     if (state_->error) std::rethrow_exception(state_->error);
-    if (state_->hook_ran || !state_->hook) return;
+    if (state_->hook_ran || !state_->hook) return state_->hook_result;
     state_->hook_ran = true;
     hook = std::move(state_->hook);
     state_->hook = nullptr;
   }
-  hook();  // outside the lock: the hook may wait on this event again (a no-op now)
+  // Outside the lock: the hook may wait on this event again (which returns the empty result).
+  std::any result = hook();
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->hook_result = result;
+  return result;
 }
 
-void EventOverlap::register_hook_after_wait(std::function<void()> hook) const {
+void EventOverlap::set_hook(std::function<std::any()> hook) const {
   DSK_CHECK(state_ != nullptr, "EventOverlap::register_hook_after_wait",
             "this event belongs to no operation");
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->hook = std::move(hook);
   state_->hook_ran = false;
+  state_->hook_result.reset();
 }
 
 }  // namespace dsk::ep

@@ -373,7 +373,9 @@ Signature make_signature(const BufferImpl& b, const Inputs& in, const Plan& plan
           .expand = in.expand ? 1 : 0,
           .alignment = in.alignment,
           .num_experts = b.config.num_experts,
-          .cached = in.cached ? 1 : 0};
+          .cached = in.cached ? 1 : 0,
+          .tmax = 0,
+          .reserved = 0};
 }
 
 void check_args(const BufferImpl& b, const DispatchArgs& a, Inputs& in) {

@@ -14,6 +14,7 @@
 #endif
 #include <mpi.h>
 
+#include <any>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -112,6 +113,8 @@ void drive(Exchange& exchange, double timeout_s, const char* fn, bool until_head
 // Layout constants of the shared-memory buffer, shared with get_buffer_size_hint.
 inline constexpr int kMaxLocalExperts = 1024;
 inline constexpr int kMaxTopk = 32;
+// What Transport::mpi means: the faster MPI variant in dsk bench ep (docs/ep.md).
+inline constexpr Transport kDefaultMpiTransport = Transport::mpi_one_sided;
 size_t header_capacity(int num_ranks);
 size_t control_bytes(int num_ranks);
 size_t align_up(size_t x, size_t a);
@@ -119,6 +122,11 @@ size_t align_up(size_t x, size_t a);
 std::unique_ptr<Channel> make_shm_channel(const CommImpl& comm, int64_t num_bytes,
                                           double timeout_s);
 std::unique_ptr<Channel> make_mpi_channel(const CommImpl& comm, double timeout_s);
+std::unique_ptr<Channel> make_mpi_rma_channel(const CommImpl& comm, int64_t num_bytes,
+                                              double timeout_s);
+// The channel of a resolved transport (shared_memory, mpi_alltoallv or mpi_one_sided).
+std::unique_ptr<Channel> make_channel(Transport transport, const CommImpl& comm, int64_t num_bytes,
+                                      double timeout_s);
 
 // ---- Events ----
 struct EventState {
@@ -126,8 +134,9 @@ struct EventState {
   std::condition_variable cv;
   bool done = true;
   std::exception_ptr error;  // why the operation failed
-  std::function<void()> hook;
+  std::function<std::any()> hook;
   bool hook_ran = false;
+  std::any hook_result;  // what wait() returns
 
   void complete(std::exception_ptr e);
 };
@@ -162,6 +171,25 @@ struct Plan {
   std::vector<int32_t> expanded_rows;           // [N*K] expand mode: row of each slot, or -1
 };
 
+// ---- The routing of a low-latency dispatch, as low_latency_combine sends the rows back ----
+struct LowLatencyPlan {
+  const void* buffer = nullptr;  // the BufferImpl that made it
+  int num_ranks = 0;
+  int rank = 0;
+  int num_local_experts = 0;
+  int num_topk = 0;
+  int64_t num_tokens = 0;
+  int64_t tmax = 0;  // num_max_dispatch_tokens_per_rank
+  int64_t hidden = 0;
+  std::vector<int32_t> topk;  // [T*K] global expert ids or -1
+  // Owner side: per expert rank r, the slots t*K+k whose rows r sends back, in the order it sends
+  // them (its local expert, then token, then slot).
+  std::vector<std::vector<int32_t>> back_slots;
+  // Expert side: rows received per (local expert e, source rank s) at [e*R+s], and their first row.
+  std::vector<int64_t> rows;
+  std::vector<int64_t> begin;
+};
+
 struct BufferImpl {
   Communicator comm;
   BufferConfig config;
@@ -187,6 +215,15 @@ struct BufferImpl {
   void execute(const std::shared_ptr<Operation>& op, bool async, const char* fn);
   // Waits until no asynchronous operation is in flight.
   void wait_idle();
+  // return_recv_hook: starts `op`'s exchange and posts what can go now; the receive waits for
+  // complete_deferred (the hook, or the next operation on the buffer).
+  void defer(const std::shared_ptr<Operation>& op, const char* fn);
+  // Finishes the deferred operation, if any (raising what it raised).
+  void complete_deferred(const char* fn);
+  bool is_deferred(const Operation* op) const { return deferred_.get() == op; }
+  // Memory for one low-latency result: one of two blocks (upstream's odd/even buffers), taken in
+  // turn; raises when both still back live results.
+  std::shared_ptr<std::byte> low_latency_block(size_t bytes, const char* fn);
   // An uninitialised tensor whose memory is reused from earlier calls once nothing references it.
   Tensor pooled(const Shape& shape, DType dtype);
 
@@ -211,6 +248,10 @@ struct BufferImpl {
   };
   std::mutex pool_mutex_;
   std::vector<Block> pool_;
+
+  std::shared_ptr<Operation> deferred_;
+  Block low_latency_blocks_[2];
+  int low_latency_next_ = 0;
 };
 
 }  // namespace dsk::ep::detail

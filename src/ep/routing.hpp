@@ -15,7 +15,7 @@ namespace dsk::ep::detail {
 // What every rank must agree on for one operation; compared bytewise between all headers, so
 // every rank sees the same disagreement and raises the same error.
 struct Signature {
-  int32_t kind;  // 1 dispatch, 2 combine
+  int32_t kind;  // 1 dispatch, 2 combine, 3 low-latency dispatch, 4 low-latency combine
   int32_t hidden;
   int32_t num_topk;
   int32_t fp8;
@@ -25,7 +25,10 @@ struct Signature {
   int32_t alignment;
   int32_t num_experts;
   int32_t cached;
+  int32_t tmax;      // low-latency: num_max_dispatch_tokens_per_rank
+  int32_t reserved;  // 0: keeps the size a multiple of 8 (the HeaderTail after it holds int64s)
 };
+static_assert(sizeof(Signature) % 8 == 0);
 
 // Header = Signature, then these, then int32 row counts to every rank [R], then int32 selection
 // counts for each of the receiver's local experts [E_local].
@@ -53,13 +56,15 @@ struct HeaderView {
 };
 
 inline std::string describe(const Signature& s) {
-  return std::string(s.kind == 1 ? "dispatch" : "combine") + "(hidden=" + std::to_string(s.hidden) +
-         ", num_topk=" + std::to_string(s.num_topk) + ", fp8=" + std::to_string(s.fp8) +
-         ", topk_idx=" + std::to_string(s.has_topk) +
+  static constexpr const char* kNames[] = {"?", "dispatch", "combine", "low_latency_dispatch",
+                                           "low_latency_combine"};
+  return std::string(kNames[s.kind >= 1 && s.kind <= 4 ? s.kind : 0]) +
+         "(hidden=" + std::to_string(s.hidden) + ", num_topk=" + std::to_string(s.num_topk) +
+         ", fp8=" + std::to_string(s.fp8) + ", topk_idx=" + std::to_string(s.has_topk) +
          ", topk_weights=" + std::to_string(s.has_weights) +
          ", expand=" + std::to_string(s.expand) + ", alignment=" + std::to_string(s.alignment) +
          ", num_experts=" + std::to_string(s.num_experts) + ", cached=" + std::to_string(s.cached) +
-         ")";
+         ", num_max_dispatch_tokens_per_rank=" + std::to_string(s.tmax) + ")";
 }
 
 // Raises on every rank when the ranks' signatures differ.
@@ -106,5 +111,13 @@ DispatchResult run_dispatch(BufferImpl& b, const Tensor& x, const Tensor* x_sf,
                             const DispatchArgs& args);
 CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& handle,
                           const CombineArgs& args);
+LowLatencyDispatchResult run_low_latency_dispatch(BufferImpl& b, const Tensor& x,
+                                                  const Tensor& topk_idx, int64_t tmax,
+                                                  int num_experts,
+                                                  const LowLatencyDispatchArgs& args);
+LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
+                                                const Tensor& topk_idx, const Tensor& topk_weights,
+                                                const LowLatencyHandle& handle,
+                                                const LowLatencyCombineArgs& args);
 
 }  // namespace dsk::ep::detail

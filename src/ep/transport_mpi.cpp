@@ -2,7 +2,7 @@
 // MPI_Ialltoall, the records, packed per destination, in one MPI_Ialltoallv whose element is a
 // contiguous datatype of one record (so counts stay small integers). Both are non-blocking and
 // polled with the EP timeout, so a dead peer raises dsk::Error instead of hanging.
-// (docs/ep.md explains why this and not one-sided Put + signal.)
+// (docs/ep.md compares it with the one-sided transport, transport_mpi_rma.cpp.)
 #include <algorithm>
 #include <chrono>
 #include <climits>

@@ -2,7 +2,8 @@
 // layout equality, provenance, count equalities, worst-token prefix and tail, cached dispatch,
 // combine sums (bitwise, in refs.py order), bitwise equality with a plain MPI_Alltoallv
 // reference, -1 masks, uneven token counts, FP8, expand-mode blocks, repeat-hash determinism,
-// bad inputs and the timeout. Every test runs on both transports.
+// bad inputs and the timeout. Every test runs on every transport (shared memory, MPI Alltoallv,
+// MPI one-sided; the shared-memory and one-sided ones also with slots of a few rows).
 #include <unistd.h>
 
 #include <chrono>
@@ -15,50 +16,6 @@
 
 namespace dsk::ep::test {
 namespace {
-
-constexpr int64_t kHidden = 256;
-constexpr int kTopk = 4;
-
-struct Param {
-  Transport transport;
-  bool small_buffer;  // slots hold a few rows: exchanges run over many chunks
-};
-
-std::string param_name(const ::testing::TestParamInfo<Param>& info) {
-  return std::string(transport_name(info.param.transport)) +
-         (info.param.small_buffer ? "_small" : "");
-}
-
-class EpTest : public ::testing::TestWithParam<Param> {
- protected:
-  static Communicator& comm() {
-    static Communicator c = Communicator::world();
-    return c;
-  }
-  int R() const { return comm().size(); }
-  int me() const { return comm().rank(); }
-  int E() const { return 4 * R(); }
-  // Uneven token counts per rank.
-  int64_t tokens() const { return 96 - 17 * me(); }
-  static constexpr int64_t kTmax = 128;
-
-  std::unique_ptr<Buffer> make_buffer(bool fp8 = false) {
-    BufferConfig c{.num_max_tokens_per_rank = kTmax,
-                   .hidden = kHidden,
-                   .num_topk = kTopk,
-                   .num_experts = E(),
-                   .use_fp8_dispatch = fp8,
-                   .transport = GetParam().transport,
-                   .timeout_s = 60};
-    if (GetParam().small_buffer) {
-      // Room for about 3 rows per slot.
-      c.num_bytes = static_cast<int64_t>(R()) * 8 * 1024;
-    }
-    return std::make_unique<Buffer>(comm(), c);
-  }
-
-  std::mt19937_64 rng = rank_rng();
-};
 
 TEST_P(EpTest, LayoutMatchesRecomputedCounts) {
   auto buffer = make_buffer();
@@ -89,10 +46,7 @@ TEST_P(EpTest, LayoutMatchesRecomputedCounts) {
 
 TEST_P(EpTest, DispatchEqualsAlltoallvReferenceBitwise) {
   auto buffer = make_buffer();
-  const int64_t T = tokens();
-  const Tensor x = random_bf16(T, kHidden, rng);
-  const Tensor topk = random_topk(T, kTopk, E(), rng);
-  const Tensor w = random_weights(T, kTopk, rng);
+  const auto [T, x, topk, w] = make_tokens();
   const DispatchLayout layout = buffer->get_dispatch_layout(topk, E());
   const DispatchResult out =
       buffer->dispatch(x, {.num_tokens_per_rank = layout.num_tokens_per_rank,
@@ -183,10 +137,7 @@ TEST_P(EpTest, Fp8DispatchCarriesScalesBitwise) {
 
 TEST_P(EpTest, WorstTokensKeepThePrefixAndMaskTheTail) {
   auto buffer = make_buffer();
-  const int64_t T = tokens();
-  const Tensor x = random_bf16(T, kHidden, rng);
-  const Tensor topk = random_topk(T, kTopk, E(), rng);
-  const Tensor w = random_weights(T, kTopk, rng);
+  const auto [T, x, topk, w] = make_tokens();
   const DispatchResult exact = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
   const int64_t worst = kTmax * R();
   const DispatchResult padded =
@@ -210,9 +161,7 @@ TEST_P(EpTest, WorstTokensKeepThePrefixAndMaskTheTail) {
 
 TEST_P(EpTest, CachedDispatchEqualsTheOriginal) {
   auto buffer = make_buffer();
-  const int64_t T = tokens();
-  const Tensor x = random_bf16(T, kHidden, rng);
-  const Tensor topk = random_topk(T, kTopk, E(), rng);
+  const auto [T, x, topk, w] = make_tokens();
   const DispatchResult first = buffer->dispatch(x, {.topk_idx = topk});
   const DispatchResult cached = buffer->dispatch(x, {.handle = first.handle});
   EXPECT_FALSE(cached.recv_topk_idx.has_value());
@@ -225,10 +174,7 @@ TEST_P(EpTest, CachedDispatchEqualsTheOriginal) {
 // (exact in f32 for small counts), plus the biases, bitwise; weights come back per slot.
 TEST_P(EpTest, CombineOfIdentityExpertsIsXTimesRanksPlusBias) {
   auto buffer = make_buffer();
-  const int64_t T = tokens();
-  const Tensor x = random_bf16(T, kHidden, rng);
-  const Tensor topk = random_topk(T, kTopk, E(), rng);
-  const Tensor w = random_weights(T, kTopk, rng);
+  const auto [T, x, topk, w] = make_tokens();
   const DispatchResult d = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
   for (int nbias = 0; nbias <= 2; ++nbias) {
     std::vector<Tensor> bias;
@@ -258,9 +204,7 @@ TEST_P(EpTest, CombineOfIdentityExpertsIsXTimesRanksPlusBias) {
 // refs.py order (bias first, then each rank at its last top-k slot) and compares bitwise.
 TEST_P(EpTest, CombineFollowsTheUpstreamReductionOrder) {
   auto buffer = make_buffer();
-  const int64_t T = tokens();
-  const Tensor x = random_bf16(T, kHidden, rng);
-  const Tensor topk = random_topk(T, kTopk, E(), rng, 0.25);
+  const auto [T, x, topk, w] = make_tokens(0.25);
   const DispatchResult d = buffer->dispatch(x, {.topk_idx = topk});
   const int64_t N = d.recv_x.size(0);
   Tensor y = Tensor::empty({N, kHidden}, DType::bf16);
@@ -292,10 +236,7 @@ TEST_P(EpTest, CombineFollowsTheUpstreamReductionOrder) {
 
 TEST_P(EpTest, ExpandModeBlocksAreAlignedAndZeroPadded) {
   auto buffer = make_buffer();
-  const int64_t T = tokens();
-  const Tensor x = random_bf16(T, kHidden, rng);
-  const Tensor topk = random_topk(T, kTopk, E(), rng);
-  const Tensor w = random_weights(T, kTopk, rng);
+  const auto [T, x, topk, w] = make_tokens();
   const int El = E() / R();
   for (const std::optional<int> alignment : {std::optional<int>(), std::optional<int>(8)}) {
     const int A = alignment.value_or(gemm::get_mk_alignment_for_contiguous_layout());
@@ -346,9 +287,7 @@ TEST_P(EpTest, ExpandModeBlocksAreAlignedAndZeroPadded) {
 // partials at each rank's last slot) and compares bitwise.
 TEST_P(EpTest, ExpandCombineReducesLocallyThenInSlotOrder) {
   auto buffer = make_buffer();
-  const int64_t T = tokens();
-  const Tensor x = random_bf16(T, kHidden, rng);
-  const Tensor topk = random_topk(T, kTopk, E(), rng, 0.2);
+  const auto [T, x, topk, w] = make_tokens(0.2);
   const DispatchResult d = buffer->dispatch(x, {.topk_idx = topk, .do_expand = true});
   const int64_t rows = d.recv_x.size(0);
   Tensor y = Tensor::empty({rows, kHidden}, DType::bf16);
@@ -388,9 +327,7 @@ TEST_P(EpTest, ExpandCombineReducesLocallyThenInSlotOrder) {
 
 TEST_P(EpTest, DispatchWithoutTopkUsesIsTokenInRank) {
   auto buffer = make_buffer();
-  const int64_t T = tokens();
-  const Tensor x = random_bf16(T, kHidden, rng);
-  const Tensor topk = random_topk(T, kTopk, E(), rng);
+  const auto [T, x, topk, w] = make_tokens();
   const DispatchLayout layout = buffer->get_dispatch_layout(topk, E());
   const DispatchResult with = buffer->dispatch(x, {.topk_idx = topk});
   const DispatchResult without =
@@ -407,10 +344,7 @@ TEST_P(EpTest, DispatchWithoutTopkUsesIsTokenInRank) {
 
 TEST_P(EpTest, RepeatedRunsHashIdentically) {
   auto buffer = make_buffer();
-  const int64_t T = tokens();
-  const Tensor x = random_bf16(T, kHidden, rng);
-  const Tensor topk = random_topk(T, kTopk, E(), rng);
-  const Tensor w = random_weights(T, kTopk, rng);
+  const auto [T, x, topk, w] = make_tokens();
   uint64_t first = 0;
   for (int run = 0; run < 5; ++run) {
     const DispatchResult d =
@@ -427,26 +361,58 @@ TEST_P(EpTest, RepeatedRunsHashIdentically) {
 
 TEST_P(EpTest, HookRunsOnceAfterWait) {
   auto buffer = make_buffer();
-  const Tensor x = random_bf16(tokens(), kHidden, rng);
-  const Tensor topk = random_topk(tokens(), kTopk, E(), rng);
+  const auto [T, x, topk, w] = make_tokens();
   const DispatchResult d = buffer->dispatch(x, {.topk_idx = topk, .async_finish = true});
   int calls = 0;
   d.event.register_hook_after_wait([&] { ++calls; });
-  d.event.wait();
+  EXPECT_FALSE(d.event.wait().has_value());  // a void hook
   d.event.wait();
   EXPECT_EQ(calls, 1);
-  const DispatchResult again = buffer->dispatch(x, {.topk_idx = topk, .previous_event = d.event});
-  EXPECT_EQ(again.recv_x.sizes(), d.recv_x.sizes());
+  // wait() returns the hook's result (upstream V2.5), the same value on every wait; the results'
+  // own wait() returns them.
+  const DispatchResult again =
+      buffer->dispatch(x, {.topk_idx = topk, .previous_event = d.event, .async_finish = true});
+  again.event.register_hook_after_wait([&] {
+    ++calls;
+    return again.recv_x.size(0);
+  });
+  EXPECT_EQ(std::any_cast<int64_t>(again.event.wait()), d.recv_x.size(0));
+  EXPECT_EQ(std::any_cast<int64_t>(again.event.wait()), d.recv_x.size(0));
+  EXPECT_EQ(calls, 2);
+  const DispatchResult done = buffer->dispatch(x, {.topk_idx = topk, .async_finish = true}).wait();
+  EXPECT_EQ(done.recv_x.sizes(), d.recv_x.sizes());
+}
+
+// resize() is collective and refused on every rank while any rank has an operation outstanding
+// (rank 0's asynchronous combine waits for the last rank, which joins late); otherwise it swaps
+// the buffers and dispatch works as before.
+TEST_P(EpTest, ResizeIsRefusedWhileAnOperationIsOutstanding) {
+  auto buffer = make_buffer();
+  const auto [T, x, topk, w] = make_tokens(0.0);
+  const DispatchResult d = buffer->dispatch(x, {.topk_idx = topk});
+  if (me() == R() - 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const CombineResult c = buffer->combine(d.recv_x, d.handle, {.async_finish = true});
+  if (R() > 1) {
+    EXPECT_THROW(buffer->resize(buffer->num_bytes() * 2), Error);
+  }
+  c.event.wait();
+  const int64_t bigger = buffer->num_bytes() + (4 << 20);
+  buffer->resize(bigger);
+  EXPECT_EQ(buffer->num_bytes(), bigger);
+  const DispatchResult again = buffer->dispatch(x, {.topk_idx = topk});
+  ASSERT_EQ(again.recv_x.sizes(), d.recv_x.sizes());
+  EXPECT_EQ(std::memcmp(again.recv_x.data_ptr(), d.recv_x.data_ptr(), d.recv_x.nbytes()), 0);
+  // The old handle still combines.
+  const CombineResult c2 = buffer->combine(d.recv_x, d.handle);
+  EXPECT_EQ(std::memcmp(c2.combined_x.data_ptr(), c.combined_x.data_ptr(), c.combined_x.nbytes()),
+            0);
 }
 
 // async_finish: the call returns once sized, the communication thread moves the rows while the
 // caller computes, and the results equal the synchronous ones after wait().
 TEST_P(EpTest, AsyncDispatchAndCombineEqualTheSynchronousOnes) {
   auto buffer = make_buffer();
-  const int64_t T = tokens();
-  const Tensor x = random_bf16(T, kHidden, rng);
-  const Tensor topk = random_topk(T, kTopk, E(), rng);
-  const Tensor w = random_weights(T, kTopk, rng);
+  const auto [T, x, topk, w] = make_tokens();
   const DispatchResult sync = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
   const CombineResult sync_c = buffer->combine(sync.recv_x, sync.handle);
   const DispatchResult async =
@@ -474,8 +440,7 @@ TEST_P(EpTest, AsyncDispatchAndCombineEqualTheSynchronousOnes) {
 // at once and cannot finish before the last rank, which joins late, sends its rows.
 TEST_P(EpTest, DestroyIsRefusedWhileAnOperationIsOutstanding) {
   auto buffer = make_buffer();
-  const Tensor x = random_bf16(tokens(), kHidden, rng);
-  const Tensor topk = random_topk(tokens(), kTopk, E(), rng, 0.0);
+  const auto [T, x, topk, w] = make_tokens(0.0);
   const DispatchResult d = buffer->dispatch(x, {.topk_idx = topk});
   if (me() == R() - 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const CombineResult c = buffer->combine(d.recv_x, d.handle, {.async_finish = true});
@@ -489,9 +454,7 @@ TEST_P(EpTest, DestroyIsRefusedWhileAnOperationIsOutstanding) {
 
 TEST_P(EpTest, BadInputsRaiseOnEveryRank) {
   auto buffer = make_buffer();
-  const int64_t T = tokens();
-  const Tensor x = random_bf16(T, kHidden, rng);
-  const Tensor topk = random_topk(T, kTopk, E(), rng);
+  const auto [T, x, topk, w] = make_tokens();
   Tensor bad_topk = topk.clone();
   bad_topk.data<int64_t>()[0] = E();
   EXPECT_THROW(buffer->dispatch(x, {.topk_idx = bad_topk}), Error);
@@ -519,12 +482,8 @@ TEST_P(EpTest, BadInputsRaiseOnEveryRank) {
 }
 
 TEST_P(EpTest, RanksThatDisagreeFailTogether) {
-  BufferConfig c{.num_max_tokens_per_rank = kTmax,
-                 .hidden = kHidden + (me() == R() - 1 ? 128 : 0),
-                 .num_topk = kTopk,
-                 .num_experts = E(),
-                 .transport = GetParam().transport,
-                 .timeout_s = 30};
+  BufferConfig c = config();
+  c.hidden = kHidden + (me() == R() - 1 ? 128 : 0);
   EXPECT_THROW(Buffer(comm(), c), Error);
   c.hidden = kHidden;
   c.num_experts = E() + (me() == 0 ? R() : 0);
@@ -544,13 +503,9 @@ TEST_P(EpTest, RanksThatDisagreeFailTogether) {
 TEST_P(EpTest, StalledPeerRaisesAfterTheTimeout) {
   // NOTES: an MPI rank that gave up leaves a collective pending on its communicator, which
   // MPI_Finalize may wait for; the wait loop is the same code on both transports.
-  if (GetParam().transport == Transport::mpi) GTEST_SKIP() << "tested on shared memory";
-  BufferConfig c{.num_max_tokens_per_rank = kTmax,
-                 .hidden = kHidden,
-                 .num_topk = kTopk,
-                 .num_experts = E(),
-                 .transport = GetParam().transport,
-                 .timeout_s = 1};
+  if (GetParam().transport != Transport::shared_memory) GTEST_SKIP() << "tested on shared memory";
+  BufferConfig c = config();
+  c.timeout_s = 1;
   {
     Buffer buffer(comm(), c);
     if (me() != R() - 1) {
@@ -572,15 +527,10 @@ TEST_P(EpTest, KilledPeerRaisesAfterTheTimeout) {
   if (!std::getenv("DSK_EP_KILL_TEST")) GTEST_SKIP() << "run by the CTest ep.mpi.killed_rank";
   if (GetParam().transport != Transport::shared_memory || GetParam().small_buffer)
     GTEST_SKIP() << "one transport is enough";
-  BufferConfig c{.num_max_tokens_per_rank = kTmax,
-                 .hidden = kHidden,
-                 .num_topk = kTopk,
-                 .num_experts = E(),
-                 .transport = Transport::shared_memory,
-                 .timeout_s = 2};
+  BufferConfig c = config();  // shared memory, full-size slots (checked above)
+  c.timeout_s = 2;
   Buffer buffer(comm(), c);
-  const Tensor x = random_bf16(tokens(), kHidden, rng);
-  const Tensor topk = random_topk(tokens(), kTopk, E(), rng);
+  const auto [T, x, topk, w] = make_tokens();
   if (me() == R() - 1) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others are waiting now
     std::raise(SIGKILL);
@@ -598,7 +548,9 @@ TEST_P(EpTest, KilledPeerRaisesAfterTheTimeout) {
 INSTANTIATE_TEST_SUITE_P(Transports, EpTest,
                          ::testing::Values(Param{Transport::shared_memory, false},
                                            Param{Transport::shared_memory, true},
-                                           Param{Transport::mpi, false}),
+                                           Param{Transport::mpi_alltoallv, false},
+                                           Param{Transport::mpi_one_sided, false},
+                                           Param{Transport::mpi_one_sided, true}),
                          param_name);
 
 }  // namespace

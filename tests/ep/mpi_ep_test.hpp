@@ -170,4 +170,69 @@ inline bool all_ranks(bool cond) {
   return v == 1;
 }
 
+// ---- The fixture every test under mpirun uses ----
+inline constexpr int64_t kHidden = 256;
+inline constexpr int kTopk = 4;
+
+struct Param {
+  Transport transport;
+  bool small_buffer;  // slots hold a few rows: exchanges run over many chunks
+};
+
+inline std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  return std::string(transport_name(info.param.transport)) +
+         (info.param.small_buffer ? "_small" : "");
+}
+
+// One rank's tokens: uneven counts per rank, random rows, routing with -1 masks, weights.
+struct Tokens {
+  int64_t T = 0;
+  Tensor x, topk, weights;
+};
+
+// Parameterised over the transports (instantiated once, in mpi_ep.cpp).
+class EpTest : public ::testing::TestWithParam<Param> {
+ protected:
+  static Communicator& comm() {
+    static Communicator c = Communicator::world();
+    return c;
+  }
+  int R() const { return comm().size(); }
+  int me() const { return comm().rank(); }
+  int E() const { return 4 * R(); }
+  int El() const { return E() / R(); }
+  // Uneven token counts per rank.
+  int64_t tokens() const { return 96 - 17 * me(); }
+  static constexpr int64_t kTmax = 128;
+
+  BufferConfig config(bool fp8 = false, int64_t hidden = kHidden) const {
+    BufferConfig c{.num_max_tokens_per_rank = kTmax,
+                   .hidden = hidden,
+                   .num_topk = kTopk,
+                   .num_experts = E(),
+                   .use_fp8_dispatch = fp8,
+                   .transport = GetParam().transport,
+                   .timeout_s = 20};
+    if (GetParam().small_buffer) {
+      // Room for about 3 rows per slot.
+      c.num_bytes = static_cast<int64_t>(R()) * 8 * 1024 * (hidden / kHidden);
+    }
+    return c;
+  }
+  std::unique_ptr<Buffer> make_buffer(bool fp8 = false, int64_t hidden = kHidden) {
+    return std::make_unique<Buffer>(comm(), config(fp8, hidden));
+  }
+  // Fresh tokens of this rank; `masked` is the share of -1 slots.
+  Tokens make_tokens(double masked = 0.1, int64_t hidden = kHidden) {
+    Tokens tk;
+    tk.T = tokens();
+    tk.x = random_bf16(tk.T, hidden, rng);
+    tk.topk = random_topk(tk.T, kTopk, E(), rng, masked);
+    tk.weights = random_weights(tk.T, kTopk, rng);
+    return tk;
+  }
+
+  std::mt19937_64 rng = rank_rng();
+};
+
 }  // namespace dsk::ep::test

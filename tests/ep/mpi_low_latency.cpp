@@ -1,0 +1,346 @@
+// dsk::ep low-latency mode under mpirun (2 and 4 ranks), the upstream test_low_latency checks
+// against a plain reference: every rank gathers every rank's tokens and routing, and recomputes
+// each local expert's rows (source ranks ascending, each in token order), counts, layout ranges
+// and source indices, the FP8 casts, and the weighted combine (bitwise, in top-k order). Also -1
+// ids, the receive hook, async completion, the two-results rule and bad inputs. Instantiated with
+// the other EpTest cases (mpi_ep.cpp), so every test runs on every transport.
+#include "ep/mpi_ep_test.hpp"
+
+#include <dsk/tk.hpp>
+
+namespace dsk::ep::test {
+namespace {
+
+// Every rank's tokens, gathered (the reference reads them all).
+struct World {
+  std::vector<int64_t> T;                  // per rank
+  std::vector<std::vector<uint16_t>> x;    // per rank [T][H] bf16 bits
+  std::vector<std::vector<int64_t>> topk;  // per rank [T][K]
+};
+
+template <class V>
+std::vector<std::vector<V>> allgather_rows(const V* mine, int64_t n, int64_t per_row,
+                                           const std::vector<int64_t>& rows) {
+  const int R = world_size();
+  std::vector<int> counts(R), displs(R);
+  int total = 0;
+  for (int r = 0; r < R; ++r) {
+    counts[r] = static_cast<int>(rows[r] * per_row * static_cast<int64_t>(sizeof(V)));
+    displs[r] = total;
+    total += counts[r];
+  }
+  std::vector<std::byte> all(static_cast<size_t>(total));
+  MPI_Allgatherv(mine, static_cast<int>(n * per_row * static_cast<int64_t>(sizeof(V))), MPI_BYTE,
+                 all.data(), counts.data(), displs.data(), MPI_BYTE, MPI_COMM_WORLD);
+  std::vector<std::vector<V>> out(R);
+  for (int r = 0; r < R; ++r) {
+    out[r].resize(static_cast<size_t>(rows[r] * per_row));
+    std::memcpy(out[r].data(), all.data() + displs[r], static_cast<size_t>(counts[r]));
+  }
+  return out;
+}
+
+World gather(const Tokens& tk) {
+  World w;
+  const int R = world_size();
+  w.T.resize(R);
+  MPI_Allgather(&tk.T, 1, MPI_INT64_T, w.T.data(), 1, MPI_INT64_T, MPI_COMM_WORLD);
+  const int64_t H = tk.x.size(1);
+  w.x = allgather_rows(reinterpret_cast<const uint16_t*>(tk.x.data_ptr()), tk.T, H, w.T);
+  w.topk = allgather_rows(tk.topk.data<int64_t>(), tk.T, kTopk, w.T);
+  return w;
+}
+
+// The reference rows of one local expert: (source rank, token) in order.
+std::vector<std::pair<int, int64_t>> expert_rows(const World& w, int64_t global_expert) {
+  std::vector<std::pair<int, int64_t>> rows;
+  for (int s = 0; s < static_cast<int>(w.T.size()); ++s)
+    for (int64_t t = 0; t < w.T[s]; ++t)
+      for (int k = 0; k < kTopk; ++k)
+        if (w.topk[s][t * kTopk + k] == global_expert) rows.emplace_back(s, t);
+  return rows;
+}
+
+// Checks counts, layout ranges and source indices of a dispatch against the reference; returns
+// the reference rows per local expert.
+std::vector<std::vector<std::pair<int, int64_t>>> check_layout(const World& w,
+                                                               const LowLatencyDispatchResult& d,
+                                                               int me, int El) {
+  const int R = static_cast<int>(w.T.size());
+  std::vector<std::vector<std::pair<int, int64_t>>> all(El);
+  for (int e = 0; e < El; ++e) {
+    all[e] = expert_rows(w, me * El + e);
+    const auto& rows = all[e];
+    EXPECT_EQ(d.recv_count.data<int32_t>()[e], static_cast<int32_t>(rows.size()));
+    int64_t begin = 0;
+    for (int s = 0; s < R; ++s) {
+      const auto count = static_cast<int64_t>(
+          std::count_if(rows.begin(), rows.end(), [&](const auto& p) { return p.first == s; }));
+      EXPECT_EQ(d.handle.layout_range.at<int64_t>({e, s}), (begin << 32) | count) << e << "," << s;
+      begin += count;
+    }
+    const int64_t RT = d.handle.src_info.size(1);
+    for (int64_t i = 0; i < RT; ++i) {
+      const int32_t expected = i < static_cast<int64_t>(rows.size()) ? rows[i].second : -1;
+      EXPECT_EQ(d.handle.src_info.at<int32_t>({e, i}), expected) << e << "," << i;
+      if (d.handle.src_info.at<int32_t>({e, i}) != expected) break;  // one report per expert
+    }
+  }
+  return all;
+}
+
+// A deterministic expert output for (global expert, global source id, channel).
+float expert_value(int64_t expert, int64_t gid, int64_t h) {
+  return combine_value(gid, static_cast<int>(expert), h);
+}
+
+TEST_P(EpTest, LowLatencyDispatchMatchesTheReference) {
+  auto buffer = make_buffer();
+  const Tokens tk = make_tokens();
+  const World w = gather(tk);
+  Tensor stats = Tensor::zeros({El()}, DType::i32);
+  for (int run = 0; run < 2; ++run) {
+    const LowLatencyDispatchResult d = buffer->low_latency_dispatch(
+        tk.x, tk.topk, kTmax, E(), {.use_fp8 = false, .cumulative_local_expert_recv_stats = stats});
+    ASSERT_EQ(d.recv_x.sizes(), (Shape{El(), R() * kTmax, kHidden}));
+    EXPECT_FALSE(d.recv_x_sf.has_value());
+    const auto rows = check_layout(w, d, me(), El());
+    for (int e = 0; e < El(); ++e) {
+      for (size_t i = 0; i < rows[e].size(); ++i) {
+        const auto [s, t] = rows[e][i];
+        ASSERT_EQ(std::memcmp(&d.recv_x.at<bf16>({e, static_cast<int64_t>(i), 0}),
+                              w.x[s].data() + t * kHidden, kHidden * 2),
+                  0)
+            << e << "," << i;
+      }
+      EXPECT_EQ(stats.data<int32_t>()[e], (run + 1) * d.recv_count.data<int32_t>()[e]);
+    }
+  }
+}
+
+// FP8 with per-128 scales (plain, rounded, UE8M0-packed): the rows and scales are the sender's
+// tk::per_token_cast of its tokens, bitwise.
+TEST_P(EpTest, LowLatencyFp8CarriesTheSendersCast) {
+  constexpr int64_t H = 512;  // UE8M0 packs four 128-channel scales per int32
+  auto buffer = make_buffer(false, H);
+  const Tokens tk = make_tokens(0.1, H);
+  const World w = gather(tk);
+  for (const int mode : {0, 1, 2}) {  // plain, round_scale, round_scale + use_ue8m0
+    const bool round = mode >= 1, ue8m0 = mode == 2;
+    const LowLatencyDispatchResult d = buffer->low_latency_dispatch(
+        tk.x, tk.topk, kTmax, E(), {.use_fp8 = true, .round_scale = round, .use_ue8m0 = ue8m0});
+    EXPECT_EQ(d.recv_x.dtype(), DType::e4m3);
+    ASSERT_TRUE(d.recv_x_sf.has_value());
+    EXPECT_EQ(d.recv_x_sf->dtype(), ue8m0 ? DType::i32 : DType::f32);
+    const auto rows = check_layout(w, d, me(), El());
+    for (int e = 0; e < El(); ++e) {
+      for (size_t i = 0; i < rows[e].size(); ++i) {
+        const auto [s, t] = rows[e][i];
+        Tensor row = Tensor::empty({1, H}, DType::bf16);
+        std::memcpy(row.data_ptr(), w.x[s].data() + t * H, H * 2);
+        const tk::QuantTensor q = tk::per_token_cast(row, "e4m3", 128, false, round, false);
+        const auto r = static_cast<int64_t>(i);
+        ASSERT_EQ(std::memcmp(&d.recv_x.at<e4m3>({e, r, 0}), q.data.data_ptr(), H), 0);
+        if (ue8m0) {
+          const auto* bytes =
+              reinterpret_cast<const uint8_t*>(&d.recv_x_sf->at<int32_t>({e, r, 0}));
+          for (int64_t b = 0; b < H / 128; ++b) {
+            const float sf = q.sf.data<float>()[b];
+            uint32_t bits;
+            std::memcpy(&bits, &sf, 4);
+            ASSERT_EQ(bits & 0x7FFFFFu, 0u);  // a power of two
+            ASSERT_EQ(bytes[b], bits >> 23);
+          }
+        } else {
+          ASSERT_EQ(std::memcmp(&d.recv_x_sf->at<float>({e, r, 0}), q.sf.data_ptr(), H / 128 * 4),
+                    0);
+        }
+      }
+    }
+  }
+}
+
+// Combine: expert e answers row (s, t) with expert_value(e, gid, h); the owner's result must be
+// bf16(sum over k in top-k order of w * value), bitwise; identity experts give x * sum(w).
+TEST_P(EpTest, LowLatencyCombineIsTheWeightedSumInTopkOrder) {
+  auto buffer = make_buffer();
+  const Tokens tk = make_tokens(0.2);
+  const LowLatencyDispatchResult d =
+      buffer->low_latency_dispatch(tk.x, tk.topk, kTmax, E(), {.use_fp8 = false});
+  const int64_t RT = R() * kTmax;
+  Tensor y = Tensor::empty({El(), RT, kHidden}, DType::bf16);
+  y.fill_bytes_(0xFF);  // rows past recv_count must not be read (NaN would poison the sums)
+  for (int e = 0; e < El(); ++e) {
+    for (int s = 0; s < R(); ++s) {
+      const int64_t range = d.handle.layout_range.at<int64_t>({e, s});
+      for (int64_t i = range >> 32; i < (range >> 32) + (range & 0xFFFFFFFF); ++i) {
+        const int64_t gid = s * kTmax + d.handle.src_info.at<int32_t>({e, i});
+        for (int64_t h = 0; h < kHidden; ++h)
+          y.at<bf16>({e, i, h}) = f32_to_bf16(expert_value(me() * El() + e, gid, h));
+      }
+    }
+  }
+  const LowLatencyCombineResult c = buffer->low_latency_combine(y, tk.topk, tk.weights, d.handle);
+  for (int64_t t = 0; t < tk.T; ++t) {
+    for (int64_t h = 0; h < kHidden; ++h) {
+      float acc = 0.0f;
+      for (int k = 0; k < kTopk; ++k) {
+        const int64_t g = tk.topk.at<int64_t>({t, k});
+        if (g >= 0) acc += tk.weights.at<float>({t, k}) * expert_value(g, me() * kTmax + t, h);
+      }
+      ASSERT_EQ(c.combined_x.at<bf16>({t, h}).bits, f32_to_bf16(acc).bits) << t << "," << h;
+    }
+  }
+  // Identity experts, into a caller's tensor: x * sum(w) in the same order.
+  Tensor out = Tensor::empty({tk.T, kHidden}, DType::bf16);
+  out.fill_bytes_(0xFF);
+  const LowLatencyCombineResult id =
+      buffer->low_latency_combine(d.recv_x, tk.topk, tk.weights, d.handle, {.out = out});
+  EXPECT_EQ(id.combined_x.data_ptr(), out.data_ptr());
+  for (int64_t t = 0; t < tk.T; ++t) {
+    for (int64_t h = 0; h < kHidden; ++h) {
+      float acc = 0.0f;
+      for (int k = 0; k < kTopk; ++k)
+        if (tk.topk.at<int64_t>({t, k}) >= 0)
+          acc += tk.weights.at<float>({t, k}) * bf16_to_f32(tk.x.at<bf16>({t, h}));
+      ASSERT_EQ(out.at<bf16>({t, h}).bits, f32_to_bf16(acc).bits) << t << "," << h;
+    }
+  }
+}
+
+// A token whose slots are all -1 goes nowhere and combines to zero.
+TEST_P(EpTest, LowLatencyMaskedTokensGoNowhere) {
+  auto buffer = make_buffer();
+  Tokens tk = make_tokens(0.5);
+  for (int k = 0; k < kTopk; ++k) tk.topk.at<int64_t>({0, k}) = -1;
+  const World w = gather(tk);
+  const LowLatencyDispatchResult d =
+      buffer->low_latency_dispatch(tk.x, tk.topk, kTmax, E(), {.use_fp8 = false});
+  check_layout(w, d, me(), El());
+  const LowLatencyCombineResult c =
+      buffer->low_latency_combine(d.recv_x, tk.topk, tk.weights, d.handle);
+  for (int64_t h = 0; h < kHidden; ++h) ASSERT_EQ(c.combined_x.at<bf16>({0, h}).bits, 0);
+}
+
+// return_recv_hook: the call sends, the hook receives (once); the results equal the synchronous
+// ones; a later operation completes an unreceived one; destroy() waits for the hooks.
+TEST_P(EpTest, LowLatencyHookReceives) {
+  auto buffer = make_buffer();
+  const Tokens tk = make_tokens();
+  std::vector<int32_t> counts;
+  std::vector<std::byte> rows;
+  {
+    const LowLatencyDispatchResult sync =
+        buffer->low_latency_dispatch(tk.x, tk.topk, kTmax, E(), {.use_fp8 = false});
+    counts.assign(sync.recv_count.data<int32_t>(), sync.recv_count.data<int32_t>() + El());
+    rows.resize(sync.recv_x.nbytes());
+    std::memcpy(rows.data(), sync.recv_x.data_ptr(), rows.size());
+  }
+  auto same_rows = [&](const LowLatencyDispatchResult& d) {
+    for (int e = 0; e < El(); ++e) {
+      ASSERT_EQ(d.recv_count.data<int32_t>()[e], counts[e]);
+      const size_t row = kHidden * 2, at = static_cast<size_t>(e * R() * kTmax) * row;
+      ASSERT_EQ(std::memcmp(static_cast<const std::byte*>(d.recv_x.data_ptr()) + at,
+                            rows.data() + at, counts[e] * row),
+                0);
+    }
+  };
+  {
+    const LowLatencyDispatchResult d = buffer->low_latency_dispatch(
+        tk.x, tk.topk, kTmax, E(), {.use_fp8 = false, .return_recv_hook = true});
+    ASSERT_TRUE(static_cast<bool>(d.hook));
+    EXPECT_THROW(buffer->destroy(), Error);  // its receive is outstanding
+    d.hook();
+    d.hook();  // a no-op
+    same_rows(d);
+    // The combine's hook, with compute in between.
+    const LowLatencyCombineResult c = buffer->low_latency_combine(
+        d.recv_x, tk.topk, tk.weights, d.handle, {.return_recv_hook = true});
+    volatile double busy = 0;
+    for (int i = 0; i < 20000; ++i) busy = busy + std::sqrt(static_cast<double>(i));
+    c.hook();
+    const LowLatencyCombineResult sync =
+        buffer->low_latency_combine(d.recv_x, tk.topk, tk.weights, d.handle,
+                                    {.out = Tensor::empty({tk.T, kHidden}, DType::bf16)});
+    EXPECT_EQ(
+        std::memcmp(c.combined_x.data_ptr(), sync.combined_x.data_ptr(), sync.combined_x.nbytes()),
+        0);
+  }
+  {
+    // Two dispatches before either hook: the second completes the first.
+    const LowLatencyDispatchResult first = buffer->low_latency_dispatch(
+        tk.x, tk.topk, kTmax, E(), {.use_fp8 = false, .return_recv_hook = true});
+    const LowLatencyDispatchResult second = buffer->low_latency_dispatch(
+        tk.x, tk.topk, kTmax, E(), {.use_fp8 = false, .return_recv_hook = true});
+    same_rows(first);
+    second.hook();
+    first.hook();
+    same_rows(second);
+  }
+  {
+    const LowLatencyDispatchResult d = buffer->low_latency_dispatch(
+        tk.x, tk.topk, kTmax, E(), {.use_fp8 = false, .async_finish = true});
+    d.event.wait();
+    same_rows(d);
+  }
+  EXPECT_NO_THROW(buffer->destroy());
+}
+
+// Two buffers hold the results: a third live one raises (on every rank alike, before any
+// exchange), and dropping one frees its buffer.
+TEST_P(EpTest, LowLatencyKeepsAtMostTwoResultsAlive) {
+  auto buffer = make_buffer();
+  const Tokens tk = make_tokens();
+  auto dispatch = [&] {
+    return buffer->low_latency_dispatch(tk.x, tk.topk, kTmax, E(), {.use_fp8 = false});
+  };
+  std::optional<LowLatencyDispatchResult> a = dispatch();
+  const LowLatencyDispatchResult b = dispatch();
+  EXPECT_THROW(dispatch(), Error);
+  EXPECT_THROW(buffer->low_latency_combine(b.recv_x, tk.topk, tk.weights, b.handle), Error);
+  // With `out`, a combine needs no buffer.
+  EXPECT_NO_THROW(
+      buffer->low_latency_combine(b.recv_x, tk.topk, tk.weights, b.handle,
+                                  {.out = Tensor::empty({tk.T, kHidden}, DType::bf16)}));
+  a.reset();
+  const LowLatencyDispatchResult c = dispatch();
+  EXPECT_EQ(c.recv_count.data<int32_t>()[0], b.recv_count.data<int32_t>()[0]);
+  EXPECT_TRUE(buffer->is_available());
+}
+
+TEST_P(EpTest, LowLatencyBadInputsRaise) {
+  auto buffer = make_buffer();
+  const Tokens tk = make_tokens();
+  const LowLatencyDispatchArgs bf16{.use_fp8 = false};
+  EXPECT_THROW(buffer->low_latency_dispatch(tk.x, tk.topk, tk.T - 1, E(), bf16), Error);
+  EXPECT_THROW(buffer->low_latency_dispatch(tk.x, tk.topk, kTmax, E() + R(), bf16), Error);
+  EXPECT_THROW(
+      buffer->low_latency_dispatch(tk.x, tk.topk, kTmax, E(), {.use_fp8 = true, .use_ue8m0 = true}),
+      Error);  // UE8M0 needs round_scale
+  EXPECT_THROW(buffer->low_latency_dispatch(tk.x, tk.topk, kTmax, E(),
+                                            {.async_finish = true, .return_recv_hook = true}),
+               Error);
+  const LowLatencyDispatchResult d = buffer->low_latency_dispatch(tk.x, tk.topk, kTmax, E(), bf16);
+  Tensor other_topk = tk.topk.clone();
+  other_topk.at<int64_t>({0, 0}) = other_topk.at<int64_t>({0, 0}) == 0 ? 1 : 0;
+  EXPECT_THROW(buffer->low_latency_combine(d.recv_x, other_topk, tk.weights, d.handle), Error);
+  EXPECT_THROW(
+      buffer->low_latency_combine(d.recv_x, tk.topk, tk.weights, d.handle, {.use_logfmt = true}),
+      Error);
+  EXPECT_THROW(buffer->low_latency_combine(d.recv_x.slice(1, 0, kTmax).contiguous(), tk.topk,
+                                           tk.weights, d.handle),
+               Error);
+  EXPECT_TRUE(buffer->is_available());
+}
+
+// Ranks that disagree on num_max_dispatch_tokens_per_rank fail together.
+TEST_P(EpTest, LowLatencyRanksMustAgreeOnTheCapacity) {
+  auto buffer = make_buffer();
+  const Tokens tk = make_tokens();
+  const int64_t tmax = me() == 0 ? kTmax : kTmax - 8;
+  EXPECT_THROW(buffer->low_latency_dispatch(tk.x, tk.topk, tmax, E(), {.use_fp8 = false}), Error);
+  EXPECT_FALSE(buffer->is_available());
+}
+
+}  // namespace
+}  // namespace dsk::ep::test
