@@ -129,7 +129,8 @@ Timing time_calls(const TimedCall& call, int copies, bool quick) {
   Timer warmup;
   double last_call_s = 0;
   // At least one pass over every copy: the first read of a freshly written buffer is slower than
-  // the next ones (seen with oneDNN's reordered weights), and that belongs to set-up, not to a call.
+  // the next ones (seen with oneDNN's reordered weights), and that belongs to set-up, not to a
+  // call.
   const int min_calls = std::max(2, copies);
   for (int calls = 0; calls < min_calls || (warmup.seconds() < warmup_s && calls < 1000); ++calls)
     last_call_s = std::max(one_call(), 1e-9);
