@@ -206,7 +206,9 @@ TEST_F(MGroupedContiguous, MkAlignmentIsHonoured) {
 TEST_F(MGroupedMasked, Fp8AndBf16RowsPastMaskedMUntouched) {
   SCOPED_TRACE(seed_note());
   const int64_t max_m = 48;
-  for (auto [n, k] : kGroupedNk) {
+  for (auto [n_, k_] : kGroupedNk) {
+    // Copies: clang 14 does not let lambdas capture structured bindings.
+    const int64_t n = n_, k = k_;
     for (int64_t groups : {1, 4}) {
       std::vector<int32_t> counts = {max_m, 0, 1, 29};
       counts.resize(static_cast<size_t>(groups));
