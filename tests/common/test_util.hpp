@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include <dsk/core.hpp>
@@ -29,6 +30,27 @@ class ScopedBackend {
  private:
   Backend saved_;
 };
+
+// A parameterised test that runs once per backend this CPU supports, with the process backend
+// set to the parameter for the test's duration:
+//   class MySuite : public dsk::test::PerBackend {};
+//   TEST_P(MySuite, Case) { ... }
+//   DSK_INSTANTIATE_PER_BACKEND(MySuite);   // names Backends/MySuite.Case/avx512, ...
+class PerBackend : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override { scoped_.emplace(GetParam()); }
+  void TearDown() override { scoped_.reset(); }
+
+ private:
+  std::optional<ScopedBackend> scoped_;
+};
+
+#define DSK_INSTANTIATE_PER_BACKEND(Suite)                                            \
+  INSTANTIATE_TEST_SUITE_P(Backends, Suite,                                           \
+                           ::testing::ValuesIn(::dsk::test::supported_backends()),    \
+                           [](const ::testing::TestParamInfo<::dsk::Backend>& info) { \
+                             return std::string(::dsk::backend_name(info.param));     \
+                           })
 
 // Sets (or unsets, with nullptr) an environment variable for a scope.
 class ScopedEnv {

@@ -17,14 +17,7 @@
 namespace dsk::gemm_test {
 namespace {
 
-class MqaLogits : public ::testing::TestWithParam<Backend> {
- protected:
-  void SetUp() override { scoped_.emplace(GetParam()); }
-  void TearDown() override { scoped_.reset(); }
-
- private:
-  std::optional<dsk::test::ScopedBackend> scoped_;
-};
+class MqaLogits : public dsk::test::PerBackend {};
 
 TEST_P(MqaLogits, MatchesReferencesOnTheScaledGrid) {
   for (int64_t d : {32, 64, 128}) check_against_references(64, 1024, 32, d, true);
@@ -171,10 +164,7 @@ TEST(MqaLogitsErrors, BadInputsRaise) {
       "q_sf with e4m3 q");
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, MqaLogits, ::testing::ValuesIn(dsk::test::supported_backends()),
-                         [](const ::testing::TestParamInfo<Backend>& info) {
-                           return std::string(backend_name(info.param));
-                         });
+DSK_INSTANTIATE_PER_BACKEND(MqaLogits);
 
 }  // namespace
 }  // namespace dsk::gemm_test

@@ -114,14 +114,7 @@ ItemRows item_rows(const Paged& p, int64_t b) {
   return r;
 }
 
-class PagedMqaLogits : public ::testing::TestWithParam<Backend> {
- protected:
-  void SetUp() override { scoped_.emplace(GetParam()); }
-  void TearDown() override { scoped_.reset(); }
-
- private:
-  std::optional<dsk::test::ScopedBackend> scoped_;
-};
+class PagedMqaLogits : public dsk::test::PerBackend {};
 
 // Bit for bit against the dense kernel on every item, and against the fp64 reference (< 5e-6,
 // -inf masks equal) on the first ref_items items (the reference is slow on long contexts).
@@ -247,11 +240,7 @@ TEST(PagedMqaLogitsErrors, BadInputsRaise) {
       "clean with 2-D lengths");
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, PagedMqaLogits,
-                         ::testing::ValuesIn(dsk::test::supported_backends()),
-                         [](const ::testing::TestParamInfo<Backend>& info) {
-                           return std::string(backend_name(info.param));
-                         });
+DSK_INSTANTIATE_PER_BACKEND(PagedMqaLogits);
 
 }  // namespace
 }  // namespace dsk::gemm_test

@@ -27,14 +27,7 @@ uint64_t fresh_seed() {
   return rng();
 }
 
-class SelectTopk : public ::testing::TestWithParam<Backend> {
- protected:
-  void SetUp() override { scoped_.emplace(GetParam()); }
-  void TearDown() override { scoped_.reset(); }
-
- private:
-  std::optional<dsk::test::ScopedBackend> scoped_;
-};
+class SelectTopk : public dsk::test::PerBackend {};
 
 // How row values are drawn.
 enum class Fill { distinct, few_values, all_equal, ascending, with_specials };
@@ -320,11 +313,7 @@ TEST(SelectTopkEdges, EmptyBatch) {
   EXPECT_EQ(r.indices.size(1), 4);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, SelectTopk,
-                         ::testing::ValuesIn(::dsk::test::supported_backends()),
-                         [](const ::testing::TestParamInfo<Backend>& info) {
-                           return std::string(backend_name(info.param));
-                         });
+DSK_INSTANTIATE_PER_BACKEND(SelectTopk);
 
 }  // namespace
 }  // namespace dsk::select

@@ -18,24 +18,9 @@ inline uint64_t fresh_seed() {
   return rng();
 }
 
-// Runs the test body once per backend this CPU supports.
-class PerBackend : public ::testing::TestWithParam<Backend> {
- protected:
-  void SetUp() override { scoped_.emplace(GetParam()); }
-  void TearDown() override { scoped_.reset(); }
-
- private:
-  std::optional<dsk::test::ScopedBackend> scoped_;
-};
-
-inline std::string backend_param_name(const ::testing::TestParamInfo<Backend>& info) {
-  return std::string(backend_name(info.param));
-}
-
-#define DSK_TK_INSTANTIATE_PER_BACKEND(Suite)                                      \
-  INSTANTIATE_TEST_SUITE_P(Backends, Suite,                                        \
-                           ::testing::ValuesIn(::dsk::test::supported_backends()), \
-                           ::dsk::tk::test::backend_param_name)
+// Runs the test body once per backend this CPU supports (tests/common/test_util.hpp).
+using dsk::test::PerBackend;
+#define DSK_TK_INSTANTIATE_PER_BACKEND(Suite) DSK_INSTANTIATE_PER_BACKEND(Suite)
 
 // Values of a float tensor in row-major order, as fp64 (any dtype, any strides).
 inline std::vector<double> values_of(const Tensor& t) {
