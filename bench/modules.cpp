@@ -14,6 +14,7 @@
   X(core)                    \
   X(gemm)                    \
   X(indexer)                 \
+  X(mla)                     \
   X(tk)                      \
   X(topk)                    \
   X(ep)

@@ -5,6 +5,7 @@
 #include <dsk/ep.hpp>
 #include <dsk/gemm.hpp>
 #include <dsk/jit.hpp>
+#include <dsk/mla.hpp>
 #include <dsk/ref.hpp>
 #include <dsk/select.hpp>
 #include <dsk/tk.hpp>

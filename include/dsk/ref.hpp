@@ -270,3 +270,54 @@ Tensor topk_page_table_transform(const Tensor& x, int64_t k, const std::optional
                                  const std::optional<Tensor>& starts = std::nullopt);
 
 }  // namespace dsk::ref::select
+
+// ================================================================================================
+// ---- mla (the oracle of dsk::mla) ----
+//
+// FlashMLA's tests/ref.py as fp64 loops (spec/attention.md §4.1-§4.3): scores scale * q . k over
+// all d_qk dims, softmax over the valid keys, out = softmax(P) . V with V the first d_v dims of
+// each key, and no bf16 rounding of P (the kernels round P to bf16; the test tolerances cover
+// it). A row with no valid key gives out 0, lse +inf, max_logits -inf. attn_sink[h] scales out by
+// 1 / (1 + exp(sink - lse)) and leaves lse alone (+inf: out 0, -inf: no effect). Results come
+// back as f32 in the kernels' shapes; inputs may be any float dtype and any strides.
+#include <dsk/mla.hpp>
+
+namespace dsk::ref::mla {
+
+using dsk::mla::KvcacheResult;
+using dsk::mla::SparseFwdResult;
+
+// flash_mla_sparse_fwd: q [s_q, h_q, d_qk], kv [s_kv, 1, d_qk], indices int32 [s_q, 1, topk];
+// entry j of row i is invalid when idx < 0, idx >= s_kv or j >= topk_length[i] (int32 [s_q]).
+// attn_sink: [h_q]. Returns out f32 [s_q, h_q, d_v], max_logits and lse f32 [s_q, h_q].
+SparseFwdResult sparse_fwd(const Tensor& q, const Tensor& kv, const Tensor& indices,
+                           double sm_scale, int64_t d_v = 512,
+                           const std::optional<Tensor>& attn_sink = std::nullopt,
+                           const std::optional<Tensor>& topk_length = std::nullopt);
+
+// The bf16 [..., 576] values of 656-byte tokens (u8 / i8 / e4m3 [..., 656], any strides):
+// upstream's dequantize_k_cache, e4m3 value times f32 scale in f32, stored as bf16; RoPE as stored.
+Tensor dequantize_kv_tokens(const Tensor& tokens);
+
+// Sparse FP8 decode: q [b, s_q, h_q, 576]; k_cache u8 / i8 / e4m3 [num_blocks, page, 1, 656]
+// (tokens dequantized as dequantize_kv_tokens does); indices int32 [b, s_q, topk] of global slots,
+// -1 invalid, and with topk_length (int32 [b]) entries j >= topk_length[i] invalid too; any other
+// slot outside the cache raises dsk::Error. NaN values of a gathered token become 0 (upstream
+// zeroes them after its gather). Returns out f32 [b, s_q, h_q, d_v] and lse f32 [b, h_q, s_q].
+KvcacheResult sparse_decode(const Tensor& q, const Tensor& k_cache, const Tensor& indices,
+                            double sm_scale, int64_t d_v = 512,
+                            const std::optional<Tensor>& attn_sink = std::nullopt,
+                            const std::optional<Tensor>& topk_length = std::nullopt);
+
+// Dense decode over a paged cache: q [b, s_q, h_q, d_qk], k_cache [num_blocks, page, h_kv, d_qk],
+// block_table int32 [b, max_blocks], cache_seqlens int32 [b]. Key s of request i is
+// k_cache[block_table[i, s / page], s % page]; query head h reads kv head h / (h_q / h_kv); with
+// causal, query t sees keys s < s_k - s_q + t + 1 (bottom-right). Block ids outside the cache or a
+// table too short for cache_seqlens raise dsk::Error. attn_sink: [h_q], the rule above. Returns
+// out f32 [b, s_q, h_q, d_v] and lse f32 [b, h_q, s_q].
+KvcacheResult dense_decode(const Tensor& q, const Tensor& k_cache, const Tensor& block_table,
+                           const Tensor& cache_seqlens, double sm_scale, int64_t d_v = 512,
+                           bool causal = false,
+                           const std::optional<Tensor>& attn_sink = std::nullopt);
+
+}  // namespace dsk::ref::mla

@@ -338,7 +338,7 @@ Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tenso
 
   MqaPagedArgs a = lens_only(context_lens, next_n, block_kv);
   a.kv_cache = kv_cache.data<uint8_t>();
-  a.block_bytes = block_kv * (d + 4);
+  a.block_bytes = kernels::mla::indexer_block_bytes(block_kv, d);
   a.block_table = block_table.data<int32_t>();
   a.bt_stride = block_table.stride(0);
   const std::vector<int64_t> blocks = item_blocks(a, batch);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include <dsk/kernels/mla/kv_format.hpp>
 #include <dsk/kernels/numeric.hpp>
 #include <dsk/kernels/tile/convert.hpp>
 #include <dsk/kernels/tile/dot.hpp>
@@ -175,7 +176,7 @@ void mqa_logits_block(const MqaArgs& a, int64_t i0, int64_t nq, MqaScratch& s) {
 // rows b * next_n + j (q contiguous over (B, next_n)) and the output.
 
 struct MqaPagedArgs {
-  const uint8_t* kv_cache = nullptr;  // blocks of block_kv * d e4m3 bytes, then block_kv f32
+  const uint8_t* kv_cache = nullptr;  // blocks of indexer tokens (dsk/kernels/mla/kv_format.hpp)
   int64_t block_bytes = 0, block_kv = 0, next_n = 0;
   const int32_t* block_table = nullptr;  // [B, max_blocks]
   int64_t bt_stride = 0;
@@ -207,15 +208,16 @@ template <class I>
 void mqa_paged_block(const MqaPagedArgs& pa, const MqaArgs& a, int64_t b, int64_t blk,
                      MqaScratch& s, MqaPagedBuffers& buf) {
   const uint8_t* block = pa.kv_cache + pa.block_table[b * pa.bt_stride + blk] * pa.block_bytes;
-  tile::convert_n<I>(reinterpret_cast<const e4m3*>(block), buf.kv,
-                     static_cast<size_t>(pa.block_kv * a.d));
+  tile::convert_n<I>(reinterpret_cast<const e4m3*>(block + mla::indexer_codes_offset(0, a.d)),
+                     buf.kv, static_cast<size_t>(pa.block_kv * a.d));
   for (int64_t c0 = 0; c0 < pa.block_kv; c0 += kMqaPanel) {
     const int64_t n = std::min(kMqaPanel, pa.block_kv - c0);
     tile::pack_b_vnni_nt<I>(buf.kv + c0 * a.d, a.d, static_cast<int>(a.d), static_cast<int>(n),
                             buf.panel, 2 * kMqaPanel, static_cast<int>(a.d),
                             static_cast<int>(kMqaPanel));
     float sf[kMqaPanel] = {};  // the scales may sit at any 4-byte offset
-    std::memcpy(sf, block + pa.block_kv * a.d + 4 * c0, static_cast<size_t>(n) * sizeof(float));
+    std::memcpy(sf, block + mla::indexer_scale_offset(c0, pa.block_kv, a.d),
+                static_cast<size_t>(n) * sizeof(float));
     const int64_t i0 = b * pa.next_n, t0 = blk * pa.block_kv + c0;
     panel_logits<I>(a, i0, pa.next_n, buf.panel, sf, s);
     for (int64_t j = 0; j < pa.next_n; ++j) {

@@ -187,26 +187,45 @@ inline void dot_store(const DotTile<I, Rows, Vecs>& t, float* c, int64_t ldc) {
   }
 }
 
+// Row r of one step of K: acc[r][16v + i] += the bf16 pair at a . b[v] lane i.
+template <Isa I, int Rows, int Vecs>
+inline void dot_row_step(DotTile<I, Rows, Vecs>& t, int r, const bf16* a,
+                         const DotPairs<I> (&b)[Vecs]) {
+  uint32_t pair;
+  std::memcpy(&pair, a, sizeof pair);
+  if constexpr (detail::dot_avx512<I>) {
+#if DSK_TILE_HAS_AVX512
+    const __m512bh a_pair = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+    DSK_DOT_UNROLL
+    for (int v = 0; v < Vecs; ++v)
+      t.acc[r][v] = _mm512_dpbf16_ps(t.acc[r][v], a_pair, (__m512bh)b[v]);
+#endif
+  } else {
+    for (int v = 0; v < Vecs; ++v)
+      for (int i = 0; i < kDotLanes; ++i)
+        t.acc[r][v].lane[i] = detail::dot_pair_generic(t.acc[r][v].lane[i], pair, b[v].lane[i]);
+  }
+}
+
 // One step of K: acc[r][16v + i] += A pair at a + r * lda (elements) . b[v] lane i.
 template <Isa I, int Rows, int Vecs>
 inline void dot_step(DotTile<I, Rows, Vecs>& t, const bf16* a, int64_t lda,
                      const DotPairs<I> (&b)[Vecs]) {
   DSK_DOT_UNROLL
-  for (int r = 0; r < Rows; ++r) {
-    uint32_t pair;
-    std::memcpy(&pair, a + r * lda, sizeof pair);
-    if constexpr (detail::dot_avx512<I>) {
-#if DSK_TILE_HAS_AVX512
-      const __m512bh a_pair = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
-      DSK_DOT_UNROLL
-      for (int v = 0; v < Vecs; ++v)
-        t.acc[r][v] = _mm512_dpbf16_ps(t.acc[r][v], a_pair, (__m512bh)b[v]);
-#endif
-    } else {
-      for (int v = 0; v < Vecs; ++v)
-        for (int i = 0; i < kDotLanes; ++i)
-          t.acc[r][v].lane[i] = detail::dot_pair_generic(t.acc[r][v].lane[i], pair, b[v].lane[i]);
-    }
+  for (int r = 0; r < Rows; ++r) dot_row_step(t, r, a + r * lda, b);
+}
+
+// `steps` steps of K with each A row at its own address (gathered rows): step s reads the pair
+// at rows[r] + 2s for row r, and B row s at b + s * ldb (elements).
+template <Isa I, int Rows, int Vecs>
+inline void dot_steps_rows(DotTile<I, Rows, Vecs>& t, const bf16* const (&rows)[Rows],
+                           const bf16* b, int64_t ldb, int64_t steps) {
+  for (int64_t s = 0; s < steps; ++s) {
+    DotPairs<I> row[Vecs];
+    DSK_DOT_UNROLL
+    for (int v = 0; v < Vecs; ++v) row[v] = dot_load_pairs<I>(b + s * ldb + 2 * kDotLanes * v);
+    DSK_DOT_UNROLL
+    for (int r = 0; r < Rows; ++r) dot_row_step(t, r, rows[r] + 2 * s, row);
   }
 }
 

@@ -1,0 +1,449 @@
+// FlashMLA's attention on the tile layer's dot tiles: one "item" is the query rows that share one
+// KV head (the h_q heads of a query position, or the s_q x heads-per-KV-head rows of dense
+// decode), attending over an ordered list of keys (d_qk bf16 values each; V is the first d_v).
+//
+// Per chunk of kChunk keys:
+//   1. S^T = K . Q^T: the key rows (read where they lie, or dequantized from FP8 into scratch)
+//      are the broadcast A side of a dot tile, the query rows, packed once per item into VNNI
+//      pairs, the 16-lane B side; so no key is ever transposed.
+//   2. Online softmax, 16 query rows per vector: running max m, rescale alpha, row sum l over the
+//      unrounded probabilities; the probabilities rounded to bf16 into VNNI pairs of keys.
+//   3. O (f32 [rows][d_v]) = alpha * O + P . V, V packed as VNNI pairs of adjacent keys.
+// The item's (O, m, l) is then finalized (out = O / (l + e^(sink - m)), lse = m + ln l) or, when
+// the keys were split over threads, merged with the other parts first (merge_parts).
+//
+// Every sum runs in a fixed order that depends only on the inputs and the split, so results
+// repeat bit for bit. Header-only; the AVX-512 instances need the avx512 baseline of
+// dsk/kernels/abi.hpp.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include <dsk/kernels/mla/kv_format.hpp>
+#include <dsk/kernels/numeric.hpp>
+#include <dsk/kernels/tile/dot.hpp>
+#include <dsk/kernels/tk/math.hpp>
+#include <dsk/kernels/tk/simd.hpp>
+
+DSK_SILENCE_GCC_BUG_105593_BEGIN  // see dsk/kernels/abi.hpp
+
+namespace dsk::kernels::mla {
+
+// Keys per chunk: a multiple of 6, 8 and 12 (the key-tile heights) and of 2 (VNNI pairs).
+inline constexpr int64_t kChunk = 96;
+// Query rows are padded to whole 16-lane vectors.
+inline constexpr int64_t kRowAlign = 16;
+
+inline namespace DSK_TILE_ABI {
+
+// Where the rows of an item live: row r is (t, g) = (r / group, r % group) and sits at
+// base + t * stride_t + g * stride_g (elements of the row's type).
+struct RowMap {
+  int64_t group = 1;
+  int64_t stride_t = 0, stride_g = 0;
+  constexpr int64_t offset(int64_t r) const {
+    return (r / group) * stride_t + (r % group) * stride_g;
+  }
+};
+
+struct Problem {
+  int64_t rows = 0;      // query rows of an item
+  int64_t rows_pad = 0;  // rows rounded up to kRowAlign
+  int64_t d_qk = 0, d_v = 0;
+  float scale = 0;  // softmax scale (natural units)
+  // Key ordinal k is visible to row r only when k < key_limit[r] (bottom-right causal decode);
+  // nullptr: every key of the list is visible. Sized rows_pad (0 past rows).
+  const int32_t* key_limit = nullptr;
+};
+
+// Per-thread working memory (sizes from scratch_floats / scratch_bf16s).
+struct Scratch {
+  bf16* q_panel;  // [d_qk / 2][rows_pad][2]
+  bf16* keys;     // [kChunk][d_qk]: dequantized keys
+  bf16* zeros;    // [d_qk] zeros: the rows that pad a chunk
+  bf16* v_panel;  // [kChunk / 2][d_v][2]
+  bf16* p_panel;  // [kChunk / 2][rows_pad][2]
+  float* s;       // [kChunk][rows_pad]
+  float* alpha;   // [rows_pad]
+};
+
+// The running state of an item (or of one split of it).
+struct State {
+  float* o;  // [rows][d_v]
+  float* m;  // [rows_pad]: max of the scaled scores so far, -inf before any
+  float* l;  // [rows_pad]: sum of e^(score - m)
+};
+
+constexpr int64_t round_up(int64_t x, int64_t to) {
+  return (x + to - 1) / to * to;
+}
+inline int64_t scratch_bf16s(const Problem& p) {
+  return p.d_qk / 2 * p.rows_pad * 2 + kChunk * p.d_qk + p.d_qk + kChunk / 2 * p.d_v * 2 +
+         kChunk / 2 * p.rows_pad * 2;
+}
+inline int64_t scratch_floats(const Problem& p) {
+  return kChunk * p.rows_pad + p.rows_pad;
+}
+inline int64_t state_floats(const Problem& p) {
+  return p.rows * p.d_v + 2 * p.rows_pad;
+}
+
+// ---- key sources: where key ordinal k of an item's list lies ----
+// Each source gives row(k, scratch_row), the d_qk bf16 of key k (written into scratch_row when it
+// has to be converted), and address(k), the first byte of its stored form, with bytes() of them:
+// the next chunk's keys are prefetched into L2 while the current one is computed, because the
+// gathered rows are scattered and the hardware prefetcher cannot follow them.
+
+inline void prefetch_l2(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 2);
+}
+
+// Sparse prefill: rows of a bf16 kv [s_kv, d_qk] (row stride `stride`), by compacted index.
+struct GatherSource {
+  const bf16* kv;
+  int64_t stride;
+  const int32_t* index;  // [keys]: valid rows only
+  const bf16* row(int64_t k, bf16*) const { return kv + index[k] * stride; }
+  const void* address(int64_t k) const { return row(k, nullptr); }
+  static constexpr int64_t bytes(int64_t row_bytes) { return row_bytes; }
+};
+
+// Dense decode: position k of a request in a paged bf16 cache [blocks, page, h_kv, d_qk].
+struct PagedSource {
+  const bf16* cache;  // + the KV head's offset
+  int64_t page, block_stride, token_stride;
+  const int32_t* block_table;  // the request's row
+  const bf16* row(int64_t k, bf16*) const {
+    return cache + block_table[k / page] * block_stride + (k % page) * token_stride;
+  }
+  const void* address(int64_t k) const { return row(k, nullptr); }
+  static constexpr int64_t bytes(int64_t row_bytes) { return row_bytes; }
+};
+
+// Sparse FP8 decode: 656-byte tokens by global slot, dequantized into the scratch row.
+struct Fp8Slots {
+  const uint8_t* cache;
+  int64_t page, block_stride;  // block_stride in bytes
+  const int32_t* slot;         // [keys]: valid slots only
+};
+
+template <class I>
+struct Fp8Source {
+  Fp8Slots slots;
+  const uint8_t* address(int64_t k) const {
+    const int64_t slot = slots.slot[k];
+    return slots.cache + (slot / slots.page) * slots.block_stride +
+           (slot % slots.page) * kTokenBytes;
+  }
+  const bf16* row(int64_t k, bf16* dst) const {
+    dequantize(address(k), dst);
+    return dst;
+  }
+  static constexpr int64_t bytes(int64_t) { return kTokenBytes; }
+  // kv_format.hpp's dequantize_token_bf16, 16 values at a time.
+  static void dequantize(const uint8_t* token, bf16* dst) {
+    using S = tk::kernels::Simd<I>;
+    for (int64_t t = 0; t < kNumScales; ++t) {
+      const auto scale = S::set1(numeric::round_to_bf16(token_scale(token, t)));
+      for (int64_t d = t * kScaleTile; d < (t + 1) * kScaleTile; d += 16)
+        S::store(dst + d,
+                 S::mul(S::load_e4m3_n(reinterpret_cast<const e4m3*>(token + d), 16), scale));
+    }
+    std::memcpy(dst + kLatentDim, token + kRopeOffset, 2 * kRopeDim);
+  }
+};
+
+namespace attention_detail {
+
+using tile::DotTile;
+
+// dst[2i + j] = bf16 of (j ? b : a)[i] for the 16 lanes: two key rows of probabilities as VNNI
+// pairs.
+template <class I>
+inline void store_pairs(bf16* dst, typename tk::kernels::Simd<I>::F a,
+                        typename tk::kernels::Simd<I>::F b) {
+  using S = tk::kernels::Simd<I>;
+  if constexpr (!std::same_as<tile::vector_isa_t<I>, tile::generic_t>) {
+#if DSK_TILE_HAS_AVX512
+    const __m512i lo = _mm512_cvtepu16_epi32(tile::f32x16_to_bf16(a));
+    const __m512i hi = _mm512_cvtepu16_epi32(tile::f32x16_to_bf16(b));
+    _mm512_storeu_si512(dst, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+#endif
+  } else {
+    for (int i = 0; i < 16; ++i) {
+      dst[2 * i] = numeric::f32_to_bf16(S::lane(a, i));
+      dst[2 * i + 1] = numeric::f32_to_bf16(S::lane(b, i));
+    }
+  }
+}
+
+// dst[2i + j] = (j ? b : a)[i] for i < n: two key rows as VNNI pairs (V's packing).
+template <class I>
+inline void interleave_rows(const bf16* a, const bf16* b, int64_t n, bf16* dst) {
+  int64_t i = 0;
+  if constexpr (!std::same_as<tile::vector_isa_t<I>, tile::generic_t>) {
+#if DSK_TILE_HAS_AVX512
+    for (; i + 16 <= n; i += 16) {
+      const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(a + i)));
+      const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(b + i)));
+      _mm512_storeu_si512(dst + 2 * i, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+#endif
+  }
+  for (; i < n; ++i) {
+    dst[2 * i] = a[i];
+    dst[2 * i + 1] = b[i];
+  }
+}
+
+// S^T rows [k0, k0 + Keys) x query columns [c0, c0 + 16 Vecs) of one chunk. (Passes over d_qk
+// small enough to keep the query panel's slice in L1 measured no faster: L2 feeds it in time.)
+template <class I, int Keys, int Vecs>
+inline void score_tile(const Problem& p, const bf16* const (&keys)[Keys], int64_t k0, int64_t c0,
+                       Scratch& s) {
+  DotTile<I, Keys, Vecs> t;
+  tile::dot_zero(t);
+  tile::dot_steps_rows(t, keys, s.q_panel + 2 * c0, 2 * p.rows_pad, p.d_qk / 2);
+  tile::dot_store(t, s.s + k0 * p.rows_pad + c0, p.rows_pad);
+}
+
+// S^T of a whole chunk: key tiles of Keys rows against query columns in blocks of 16 Vecs.
+template <class I, int Keys, int Vecs>
+inline void score_columns(const Problem& p, const bf16* const* key_rows, int64_t c0, Scratch& s) {
+  for (int64_t k0 = 0; k0 < kChunk; k0 += Keys) {
+    const bf16* keys[Keys];
+    for (int r = 0; r < Keys; ++r) keys[r] = key_rows[k0 + r];
+    score_tile<I, Keys, Vecs>(p, keys, k0, c0, s);
+  }
+}
+
+template <class I>
+void scores(const Problem& p, const bf16* const* key_rows, Scratch& s) {
+  int64_t c0 = 0;
+  for (; c0 + 64 <= p.rows_pad; c0 += 64) score_columns<I, 6, 4>(p, key_rows, c0, s);
+  switch ((p.rows_pad - c0) / 16) {
+    case 3:
+      score_columns<I, 6, 3>(p, key_rows, c0, s);
+      break;
+    case 2:
+      score_columns<I, 8, 2>(p, key_rows, c0, s);
+      break;
+    case 1:
+      score_columns<I, 12, 1>(p, key_rows, c0, s);
+      break;
+    default:
+      break;
+  }
+}
+
+// Online softmax over the n keys [k_begin, k_begin + n) of a chunk (scores in s.s): updates m and
+// l, writes alpha (the factor O must be rescaled by) and the bf16 probabilities.
+template <class I>
+void softmax_chunk(const Problem& p, int64_t k_begin, int64_t n, Scratch& s, State& st) {
+  using S = tk::kernels::Simd<I>;
+  using F = typename S::F;
+  const F scale = S::set1(p.scale);
+  const F neg_inf = S::set1(-std::numeric_limits<float>::infinity());
+  for (int64_t c = 0; c < p.rows_pad; c += 16) {
+    const auto limit = p.key_limit ? S::iload(p.key_limit + c) : S::iset1(INT32_MAX);
+    // Lane i of row r is visible when k_begin + r < limit[i].
+    const auto visible = [&](int64_t r) {
+      return S::ilt(S::iset1(static_cast<int32_t>(k_begin + r)), limit);
+    };
+    F chunk_max = neg_inf;
+    for (int64_t r = 0; r < n; ++r) {
+      const F x = S::select(visible(r), S::mul(S::load(s.s + r * p.rows_pad + c), scale), neg_inf);
+      chunk_max = S::max(x, chunk_max);
+    }
+    const F m_old = S::load(st.m + c);
+    const F m_new = S::max(chunk_max, m_old);
+    // A row that has seen no visible key keeps m = -inf; subtracting 0 instead keeps e^x = 0.
+    const F m_safe = S::select(S::eq(m_new, neg_inf), S::zero(), m_new);
+    const F alpha = tk::kernels::exp<S>(S::sub(m_old, m_safe));
+    F sum = S::zero();
+    for (int64_t r = 0; r < kChunk; r += 2) {
+      F pr[2];
+      for (int64_t j = 0; j < 2; ++j) {
+        pr[j] = S::zero();
+        if (r + j >= n) continue;
+        const F x = S::select(visible(r + j),
+                              S::mul(S::load(s.s + (r + j) * p.rows_pad + c), scale), neg_inf);
+        pr[j] = S::select(visible(r + j), tk::kernels::exp<S>(S::sub(x, m_safe)), S::zero());
+        sum = S::add(sum, pr[j]);
+      }
+      store_pairs<I>(s.p_panel + (r / 2) * 2 * p.rows_pad + 2 * c, pr[0], pr[1]);
+    }
+    S::store(st.l + c, S::add(S::mul(S::load(st.l + c), alpha), sum));
+    S::store(st.m + c, m_new);
+    S::store(s.alpha + c, alpha);
+  }
+}
+
+// O rows [r0, r0 + Rows) x columns [c0, c0 + 64) += P . V over the chunk's key pairs.
+template <class I, int Rows>
+inline void pv_tile(const Problem& p, int64_t r0, int64_t c0, int64_t pairs, const Scratch& s,
+                    State& st) {
+  DotTile<I, Rows, 4> t;
+  float* o = st.o + r0 * p.d_v + c0;
+  tile::dot_load(t, o, p.d_v);
+  for (int64_t k2 = 0; k2 < pairs; ++k2) {
+    tile::DotPairs<I> b[4];
+    for (int v = 0; v < 4; ++v)
+      b[v] = tile::dot_load_pairs<I>(s.v_panel + k2 * 2 * p.d_v + 2 * (c0 + 16 * v));
+    tile::dot_step(t, s.p_panel + k2 * 2 * p.rows_pad + 2 * r0, 2, b);
+  }
+  tile::dot_store(t, o, p.d_v);
+}
+
+template <class I>
+void accumulate_pv(const Problem& p, int64_t pairs, const Scratch& s, State& st) {
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float a = s.alpha[r];
+    if (a == 1.0f) continue;
+    float* o = st.o + r * p.d_v;
+    for (int64_t c = 0; c < p.d_v; ++c) o[c] *= a;
+  }
+  for (int64_t c0 = 0; c0 < p.d_v; c0 += 64) {
+    int64_t r0 = 0;
+    for (; r0 + 6 <= p.rows; r0 += 6) pv_tile<I, 6>(p, r0, c0, pairs, s, st);
+    switch (p.rows - r0) {
+      case 5:
+        pv_tile<I, 5>(p, r0, c0, pairs, s, st);
+        break;
+      case 4:
+        pv_tile<I, 4>(p, r0, c0, pairs, s, st);
+        break;
+      case 3:
+        pv_tile<I, 3>(p, r0, c0, pairs, s, st);
+        break;
+      case 2:
+        pv_tile<I, 2>(p, r0, c0, pairs, s, st);
+        break;
+      case 1:
+        pv_tile<I, 1>(p, r0, c0, pairs, s, st);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+}  // namespace attention_detail
+
+// The query rows of an item into s.q_panel: row r at q + map.offset(r) (d_qk contiguous bf16);
+// rows past p.rows are zero.
+template <class I>
+void pack_queries(const Problem& p, const bf16* q, const RowMap& map, Scratch& s) {
+  auto* panel = reinterpret_cast<uint32_t*>(s.q_panel);
+  for (int64_t r = 0; r < p.rows_pad; ++r) {
+    if (r >= p.rows) {
+      for (int64_t k2 = 0; k2 < p.d_qk / 2; ++k2) panel[k2 * p.rows_pad + r] = 0;
+      continue;
+    }
+    const bf16* row = q + map.offset(r);
+    for (int64_t k2 = 0; k2 < p.d_qk / 2; ++k2)
+      std::memcpy(panel + k2 * p.rows_pad + r, row + 2 * k2, 4);
+  }
+  std::fill(s.zeros, s.zeros + p.d_qk, bf16{});
+}
+
+template <class I>
+void reset_state(const Problem& p, State& st) {
+  std::fill(st.o, st.o + p.rows * p.d_v, 0.0f);
+  std::fill(st.m, st.m + p.rows_pad, -std::numeric_limits<float>::infinity());
+  std::fill(st.l, st.l + p.rows_pad, 0.0f);
+}
+
+// Keys [k0, k1) of the item's list into the state (pack_queries and reset_state first).
+template <class I, class Source>
+void attend(const Problem& p, const Source& src, int64_t k0, int64_t k1, Scratch& s, State& st) {
+  const bf16* key_rows[kChunk];
+  const auto prefetch_chunk = [&](int64_t kc) {
+    for (int64_t k = kc; k < std::min(kc + kChunk, k1); ++k)
+      prefetch_l2(src.address(k), src.bytes(2 * p.d_qk));
+  };
+  prefetch_chunk(k0);
+  for (int64_t kc = k0; kc < k1; kc += kChunk) {
+    const int64_t n = std::min(kChunk, k1 - kc);
+    prefetch_chunk(kc + kChunk);
+    for (int64_t r = 0; r < kChunk; ++r)
+      key_rows[r] = r < n ? src.row(kc + r, s.keys + r * p.d_qk) : s.zeros;
+    attention_detail::scores<I>(p, key_rows, s);
+    attention_detail::softmax_chunk<I>(p, kc, n, s, st);
+    for (int64_t r = 0; r < n; r += 2)
+      attention_detail::interleave_rows<I>(key_rows[r], r + 1 < n ? key_rows[r + 1] : s.zeros,
+                                           p.d_v, s.v_panel + r * p.d_v);
+    attention_detail::accumulate_pv<I>(p, (n + 1) / 2, s, st);
+  }
+}
+
+template <class I>
+void attend_gather(const Problem& p, const GatherSource& src, int64_t k0, int64_t k1, Scratch& s,
+                   State& st) {
+  attend<I>(p, src, k0, k1, s, st);
+}
+template <class I>
+void attend_paged(const Problem& p, const PagedSource& src, int64_t k0, int64_t k1, Scratch& s,
+                  State& st) {
+  attend<I>(p, src, k0, k1, s, st);
+}
+template <class I>
+void attend_fp8(const Problem& p, const Fp8Slots& src, int64_t k0, int64_t k1, Scratch& s,
+                State& st) {
+  attend<I>(p, Fp8Source<I>{src}, k0, k1, s, st);
+}
+
+// Merges the states of the splits of one item into parts[0] (a fixed order: split 0, 1, ...).
+inline void merge_parts(const Problem& p, State* parts, int64_t count) {
+  for (int64_t r = 0; r < p.rows; ++r) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < count; ++i) m = std::max(m, parts[i].m[r]);
+    if (m == -std::numeric_limits<float>::infinity()) continue;  // no visible key anywhere
+    float l = 0.0f;
+    float* o = parts[0].o + r * p.d_v;
+    for (int64_t i = 0; i < count; ++i) {
+      const float w = parts[i].m[r] == -std::numeric_limits<float>::infinity()
+                          ? 0.0f
+                          : std::exp(parts[i].m[r] - m);
+      l += parts[i].l[r] * w;
+      const float* oi = parts[i].o + r * p.d_v;
+      for (int64_t c = 0; c < p.d_v; ++c) o[c] = i == 0 ? oi[c] * w : o[c] + oi[c] * w;
+    }
+    parts[0].m[r] = m;
+    parts[0].l[r] = l;
+  }
+}
+
+// The outputs of an item: out row r (bf16, d_v) at out + out_map.offset(r), lse at
+// lse + lse_map.offset(r), max_logits likewise when given; sink: f32 per row or nullptr.
+template <class I>
+void finalize(const Problem& p, const State& st, const float* sink, bf16* out,
+              const RowMap& out_map, float* lse, const RowMap& lse_map, float* max_logits,
+              const RowMap& max_map) {
+  using S = tk::kernels::Simd<I>;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float m = st.m[r], l = st.l[r];
+    bf16* o = out + out_map.offset(r);
+    const bool empty = !(l > 0.0f) && !std::isnan(l);
+    if (max_logits) max_logits[max_map.offset(r)] = empty ? -kInf : m;
+    lse[lse_map.offset(r)] = empty ? kInf : m + std::log(l);
+    float denominator = l;
+    if (sink && !empty) denominator = l + std::exp(sink[r] - m);
+    const float inv = empty ? 0.0f : 1.0f / denominator;
+    const typename S::F scale = S::set1(inv);
+    const float* src = st.o + r * p.d_v;
+    for (int64_t c = 0; c < p.d_v; c += 16)
+      S::store(o + c, empty ? S::zero() : S::mul(S::load(src + c), scale));
+  }
+}
+
+}  // namespace DSK_TILE_ABI
+}  // namespace dsk::kernels::mla
+
+DSK_SILENCE_GCC_BUG_105593_END
