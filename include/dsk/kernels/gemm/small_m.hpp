@@ -3,10 +3,11 @@
 // wide as the register file allows: 64 columns for up to 6 rows, 32 for up to 12 (24 accumulators
 // at most). A narrower tile walks the panel's column groups one after the other over short chunks
 // of K, so a cache line of B comes from memory once and its other column groups find it in cache.
-// More rows: groups of 6 rows at full width, the first group streaming the weights from memory and
-// the others re-reading them from cache (a 16 x 16 tile would need a broadcast per product, which
-// runs at less than half the VDPBF16PS rate). The stream is prefetched well ahead, and FP8 / FP4
-// rows are widened in registers straight into the dot steps.
+// More rows (13 to 16 at M = 16): groups of 6 rows at full width over passes of 128 values of K,
+// the first group reading the weights as they arrive and the others re-reading them from L1. FP8 /
+// FP4 rows are widened in registers straight into the dot steps, again by every group: on Zen 5
+// the shuffles hide behind the VDPBF16PS stream, while storing widened rows once for the other
+// groups measured no faster. Every tile that walks a pass prefetches an even share of the next one.
 #pragma once
 
 #include <algorithm>
@@ -23,8 +24,8 @@
 namespace dsk::kernels::gemm {
 inline namespace DSK_TILE_ABI {
 
-// How far ahead of the current row Prefetch::near reaches: at least this many rows and bytes
-// (about what one core must keep in flight to cover the DRAM latency).
+// How far ahead of its current row a single full-width tile prefetches: at least this many rows
+// and bytes (about what one core must keep in flight to cover the DRAM latency).
 inline constexpr int64_t kPrefetchRows = 8;
 inline constexpr int64_t kPrefetchBytes = 4096;
 // K values per pass when several tiles walk it: the pass's B rows (at most 16 KiB of bf16) stay in
@@ -38,38 +39,48 @@ constexpr int small_tile_vecs(int rows) {
   return rows <= 6 ? 4 : 2;
 }
 
-// How a pass prefetches the weight stream. A single full-width tile streams whole rows and
-// prefetches a DRAM latency ahead. Otherwise the pass is walked once per tile (column groups of a
-// narrow tile, or groups of 6 rows) and the tiles share the prefetching of the whole next pass,
-// each taking every `shares`-th row: the stream from memory then overlaps the work of every tile
-// at an even rate, and each tile finds its rows in cache.
+// What a pass prefetches while it computes: at step s (one VNNI row of B) with s % shares ==
+// share, every line of row s of `rows` (rows of the pass's B type). A single full-width tile
+// prefetches its own stream a DRAM latency ahead; when several tiles walk a pass (column groups of
+// a narrow tile, or groups of rows), each takes its share of the next pass, so the stream from
+// memory overlaps the work of every tile at an even rate and each tile finds its rows in cache.
 struct Prefetch {
-  bool next_pass = false;
-  int share = 0, shares = 1;  // rows s with s % shares == share
+  const std::byte* rows = nullptr;
+  int share = 0, shares = 1;
 };
 
 namespace small_m_detail {
 
-// `steps` rows of the panel into an R x 16V tile covering vectors [j0, j0 + V): B rows read from
-// `b` (row_bytes apart, a multiple of 64) and widened from type B in registers, fold[j] applied
-// unless null. Steps share, share + shares, ... prefetch the whole row `ahead` bytes past theirs.
-template <tile::Isa I, int R, int V, Elem B>
-void stream_steps(tile::DotTile<I, R, V>& t, const bf16* a, int64_t lda, const std::byte* b,
-                  int64_t row_bytes, int j0, int64_t steps, const tile::DotPairs<I>* fold,
-                  int64_t ahead, int share, int shares) {
-  int64_t next_prefetch = share;
-  for (int64_t s = 0; s < steps; ++s) {
-    const std::byte* row = b + s * row_bytes;
-    if (s == next_prefetch) {
-      for (int64_t line = 0; line < row_bytes; line += 64)
-        __builtin_prefetch(row + ahead + line, 0, 3);
-      next_prefetch += shares;
+// Where a tile's prefetching stands within a pass: the next row to prefetch, in `wait` steps.
+struct PrefetchCursor {
+  const std::byte* row;
+  int64_t wait;
+};
+
+// `steps` rows of B into an R x 16V tile covering vectors [j0, j0 + V): rows read from `b` (a
+// packed panel's rows of type B) and widened in registers, fold[j] applied when kFold; every
+// `shares` steps one row of the prefetch stream.
+// NOTES: written for few live integer registers (pointers that advance, row size and column offsets
+// known at compile time): computed at run time they took registers, the loop spilled them to the
+// stack and ran at about 77% of the VDPBF16PS rate on Zen 5 instead of 90%.
+template <tile::Isa I, int R, int V, Elem B, bool kFold>
+void stream_steps(tile::DotTile<I, R, V>& t, const bf16* a, int64_t lda, const std::byte* b, int j0,
+                  int64_t steps, const tile::DotPairs<I> (&fold)[V], PrefetchCursor& prefetch,
+                  int shares) {
+  constexpr int64_t kRowBytes = int64_t{kPanelCols} * pair_bytes(B);
+  const std::byte* row = b + int64_t{16} * pair_bytes(B) * j0;
+  for (int64_t s = 0; s < steps; ++s, row += kRowBytes, a += 2) {
+    if (prefetch.wait-- == 0) {
+      for (int64_t line = 0; line < kRowBytes; line += 64)
+        __builtin_prefetch(prefetch.row + line, 0, 3);
+      prefetch.row += shares * kRowBytes;
+      prefetch.wait = shares - 1;
     }
     tile::DotPairs<I> v[V];
-    widen_cols<I, V>(B, row, j0, v);
-    if (fold != nullptr)
+    widen_cols<I, V>(B, row, 0, v);
+    if constexpr (kFold)
       for (int j = 0; j < V; ++j) v[j] = apply_fold<I>(v[j], fold[j]);
-    tile::dot_step(t, a + 2 * s, lda, v);
+    tile::dot_step(t, a, lda, v);
   }
 }
 
@@ -77,18 +88,17 @@ void stream_steps(tile::DotTile<I, R, V>& t, const bf16* a, int64_t lda, const s
 // (the panel's C rows, row stride ldc).
 template <tile::Isa I, int R, int V, Elem B>
 void stream_pass(const Problem& p, const GemmSegment& s, const ScaleModes& modes, const bf16* a,
-                 int64_t lda, int64_t row0, int64_t panel, int j0, int64_t k0, int64_t kc, float* c,
-                 int64_t ldc, Prefetch prefetch) {
+                 int64_t lda, int64_t row0, int64_t panel, int j0, int64_t k0, int64_t kc,
+                 const Prefetch& prefetch, float* c, int64_t ldc) {
   const std::byte* data = panel_data(s.b, p.b, panel) + k0 / 2 * p.b.row_bytes;
   float* out = c + tile::kDotLanes * j0;
-  const int64_t ahead = prefetch.next_pass
-                            ? (kc + 1) / 2 * p.b.row_bytes  // the rows right after this pass's
-                            : std::max(kPrefetchRows * p.b.row_bytes, kPrefetchBytes);
   // Promotion restarts the sums per chunk of its granularity; within a chunk, folded B scales
   // change per K block of B's scales (a promotion chunk may span several, as when FP8 A with
   // 128-value blocks meets FP4 B with 32-value ones).
   const int64_t chunk = modes.gran != 0 ? modes.gran : kc;
   const int64_t fold_block = modes.fold_b ? int64_t{p.b.scale_gran_k} : chunk;
+  PrefetchCursor cursor{prefetch.rows + prefetch.share * int64_t{kPanelCols} * pair_bytes(B),
+                        prefetch.share};
   tile::DotTile<I, R, V> t;
   if (modes.gran == 0) {
     if (k0 == 0)
@@ -101,14 +111,17 @@ void stream_pass(const Problem& p, const GemmSegment& s, const ScaleModes& modes
     const int64_t g_end = std::min(g + chunk, kc);
     for (int64_t f = g; f < g_end; f += fold_block) {
       const int64_t steps = (std::min(fold_block, g_end - f) + 1) / 2;
+      const std::byte* rows = data + f / 2 * p.b.row_bytes;
       tile::DotPairs<I> fold[V];
       if (modes.fold_b) {
         const float* scales = panel_scales(s.b, p.b, panel, (k0 + f) / p.b.scale_gran_k);
         for (int j = 0; j < V; ++j) fold[j] = fold_shift<I>(scales + 16 * (j0 + j));
+        stream_steps<I, R, V, B, true>(t, a + f, lda, rows, j0, steps, fold, cursor,
+                                       prefetch.shares);
+      } else {
+        stream_steps<I, R, V, B, false>(t, a + f, lda, rows, j0, steps, fold, cursor,
+                                        prefetch.shares);
       }
-      stream_steps<I, R, V, B>(t, a + f, lda, data + f / 2 * p.b.row_bytes, p.b.row_bytes, j0,
-                               steps, modes.fold_b ? fold : nullptr, ahead, prefetch.share,
-                               prefetch.shares);
     }
     if (modes.gran != 0) {
       float row_scale[kSmallTileRowsMax];
@@ -121,7 +134,7 @@ void stream_pass(const Problem& p, const GemmSegment& s, const ScaleModes& modes
 }
 
 using PassFn = void (*)(const Problem&, const GemmSegment&, const ScaleModes&, const bf16*, int64_t,
-                        int64_t, int64_t, int, int64_t, int64_t, float*, int64_t, Prefetch);
+                        int64_t, int64_t, int, int64_t, int64_t, const Prefetch&, float*, int64_t);
 
 // stream_pass for R rows (1..kSmallTileRowsMax) with the tile width of R rows; R = 0: a 6-row group
 // of a larger item (full width).
@@ -132,24 +145,34 @@ constexpr auto make_pass_table(std::integer_sequence<int, R...>) {
 }
 
 template <tile::Isa I, Elem B>
+inline constexpr auto kPass =
+    make_pass_table<I, B>(std::make_integer_sequence<int, kSmallTileRowsMax>{});
+
+// Every row of the item over one pass [k0, k0 + kc) of one panel.
+template <tile::Isa I, Elem B>
 void panel_pass(const Problem& p, const GemmSegment& s, const ScaleModes& modes, const bf16* a,
                 int64_t lda, int64_t row0, int64_t rows, int64_t panel, int64_t k0, int64_t kc,
                 float* c) {
-  static constexpr auto kPass =
-      make_pass_table<I, B>(std::make_integer_sequence<int, kSmallTileRowsMax>{});
+  const std::byte* data = panel_data(s.b, p.b, panel) + k0 / 2 * p.b.row_bytes;
+  const std::byte* next_pass = data + (kc + 1) / 2 * p.b.row_bytes;
   if (rows <= kSmallTileRowsMax) {  // one tile of every row, column group after column group
     const int vecs = small_tile_vecs(static_cast<int>(rows));
+    const int64_t near = std::max(kPrefetchRows * p.b.row_bytes, kPrefetchBytes);
     for (int j0 = 0; j0 < 4; j0 += vecs)
-      kPass[rows](p, s, modes, a, lda, row0, panel, j0, k0, kc, c, kPanelCols,
-                  vecs == 4 ? Prefetch{} : Prefetch{true, j0 / vecs, 4 / vecs});
+      kPass<I, B>[rows](
+          p, s, modes, a, lda, row0, panel, j0, k0, kc,
+          vecs == 4 ? Prefetch{data + near} : Prefetch{next_pass, j0 / vecs, 4 / vecs}, c,
+          kPanelCols);
     return;
   }
-  for (int64_t r = 0; r < rows; r += kDotTileRows) {  // groups of 6 rows, full width
+  // Groups of 6 rows at full width, sharing the prefetch of the next pass.
+  const int groups = static_cast<int>(ceil_div(rows, int64_t{kDotTileRows}));
+  for (int g = 0; g < groups; ++g) {
+    const int64_t r = int64_t{g} * kDotTileRows;
     const int64_t n = std::min<int64_t>(kDotTileRows, rows - r);
-    const PassFn pass = n == kDotTileRows ? kPass[0] : kPass[n];
-    pass(p, s, modes, a + r * lda, lda, row0 + r, panel, 0, k0, kc, c + r * kPanelCols, kPanelCols,
-         Prefetch{true, static_cast<int>(r / kDotTileRows),
-                  static_cast<int>(ceil_div(rows, int64_t{kDotTileRows}))});
+    kPass<I, B>[n == kDotTileRows ? 0 : n](p, s, modes, a + r * lda, lda, row0 + r, panel, 0, k0,
+                                           kc, Prefetch{next_pass, g, groups}, c + r * kPanelCols,
+                                           kPanelCols);
   }
 }
 
