@@ -1,6 +1,8 @@
 // dsk::select::topk and its transforms against dsk::ref::select, compared as sets (ties may go
 // either way), on every backend: row lengths around k and up to 262144, f32 and bf16, ties, -inf
-// and NaN, [start, end) ranges, offsets, page tables, repeatability, bad inputs.
+// and NaN, [start, end) ranges, offsets, page tables, repeatability, bad inputs; and rows built
+// against the kernel's sampled starting threshold (a sample holding the largest values, values
+// equal to the threshold, sorted and clustered rows, specials in the sample).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 
 #include <dsk/core/error.hpp>
 #include <dsk/core/threads.hpp>
+#include <dsk/kernels/select/topk.hpp>
 #include <dsk/ref.hpp>
 #include <dsk/select.hpp>
 
@@ -69,6 +72,47 @@ Tensor make_scores(int64_t rows, int64_t cols, DType dtype, Fill fill, uint64_t 
   Tensor b = Tensor::empty({rows, cols}, DType::bf16);
   for (int64_t i = 0; i < rows * cols; ++i) b.data<bf16>()[i] = numeric::f32_to_bf16(p[i]);
   return b;
+}
+
+// x [rows, cols] of dtype holding `values` (row-major f32).
+Tensor from_values(const std::vector<float>& values, int64_t rows, int64_t cols, DType dtype) {
+  Tensor x = Tensor::empty({rows, cols}, dtype);
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    if (dtype == DType::f32)
+      x.data<float>()[i] = values[static_cast<size_t>(i)];
+    else
+      x.data<bf16>()[i] = numeric::f32_to_bf16(values[static_cast<size_t>(i)]);
+  }
+  return x;
+}
+
+// Calls f(j) for every position j of [begin, end) the kernel samples for its starting threshold.
+template <class F>
+void for_each_sampled(int64_t begin, int64_t end, F f) {
+  for (int64_t p = 0; p < kernels::kSamplePieces; ++p)
+    for (int64_t j = kernels::sample_piece(begin, end, p);
+         j < kernels::sample_piece(begin, end, p) + 16; ++j)
+      f(j);
+}
+
+// Whether the kernel's sampled threshold admits fewer than k values of row 0 (the segment
+// [0, cols)), so that the kernel has to scan the row again: proves a case meant to defeat the
+// sample does.
+template <class T>
+bool sample_falls_short(const Tensor& x, int64_t k) {
+  using namespace kernels;
+  using I = tile::generic_t;
+  const int64_t cap = buffer_capacity(k);
+  std::vector<uint32_t> bits(static_cast<size_t>(cap)), keys(2 * static_cast<size_t>(cap));
+  std::vector<int32_t> pos(static_cast<size_t>(cap));
+  Buffer b{bits.data(), pos.data(), keys.data()};
+  const T* row = x.data<T>();
+  const Threshold t = sampled_threshold<I>(row, 0, x.size(1), k, b);
+  return t.admit == Admit::at_or_above && !scan_segment<I>(row, 0, x.size(1), k, t, b);
+}
+
+bool sample_falls_short(const Tensor& x, int64_t k) {
+  return x.dtype() == DType::f32 ? sample_falls_short<float>(x, k) : sample_falls_short<bf16>(x, k);
 }
 
 Tensor int_rows(const std::vector<int32_t>& v) {
@@ -250,22 +294,171 @@ TEST_P(SelectTopk, RepeatableAndIndependentOfThreads) {
   set_num_threads(threads);
 }
 
+// The sample (the values the kernel reads first) holds the largest values of the row, so the
+// threshold it gives admits fewer than k values: the kernel must notice and scan the row again.
+TEST_P(SelectTopk, SampleHoldingTheLargestValuesFallsBackToAFullScan) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const int64_t cols = 65536, k = 2048;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      SCOPED_TRACE("kind " + std::to_string(kind) + " " + std::string(dtype_name(dtype)));
+      std::vector<float> v(static_cast<size_t>(cols));
+      for (float& e : v) e = normal(rng);
+      // 0: distinct large sampled values; 1: all equal to one large value; 2: like 1, plus enough
+      // values elsewhere equal to it that the threshold admits more than k, all of them ties.
+      float spike = 1000.0f;
+      for_each_sampled(0, cols, [&](int64_t j) {
+        v[static_cast<size_t>(j)] = kind == 0 ? (spike += 1.0f) : 1000.0f;
+      });
+      if (kind == 2)
+        for (int i = 0; i < 1500; ++i) v[rng() % cols] = 1000.0f;
+      const Tensor x = from_values(v, 1, cols, dtype);
+      EXPECT_EQ(sample_falls_short(x, k), kind != 2);
+      expect_topk(x, k);
+      expect_topk(x, 100);
+    }
+  }
+}
+
+// Sorted rows, and rows whose top k sits in one block (where the sample looks, or where it does
+// not), in single segments and in rows cut into segments.
+TEST_P(SelectTopk, SortedAndClusteredRows) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t cols : {int64_t{65536}, int64_t{150000}}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      std::vector<float> v(static_cast<size_t>(cols));
+      for (int64_t j = 0; j < cols; ++j) {
+        const float rising = static_cast<float>(j) * 0.5f;
+        v[static_cast<size_t>(j)] = kind == 0 ? rising : kind == 1 ? -rising : normal(rng);
+      }
+      // 2: the top 3000 in one block from a random start; 3: in the block at the row's start.
+      const int64_t start = kind == 2 ? static_cast<int64_t>(rng() % (cols - 3000)) : 0;
+      if (kind >= 2)
+        for (int64_t j = start; j < start + 3000; ++j)
+          v[static_cast<size_t>(j)] = 10.0f + normal(rng);
+      SCOPED_TRACE("cols " + std::to_string(cols) + " kind " + std::to_string(kind));
+      for (DType dtype : {DType::f32, DType::bf16}) {
+        const Tensor x = from_values(v, 1, cols, dtype);
+        for (int64_t k : {64, 2048, 4096}) expect_topk(x, k);
+      }
+    }
+  }
+}
+
+// Many values equal to the sampled threshold: the scan admits values equal to it (it is a value
+// of the row), so none of them may be lost when they decide the k-th place.
+TEST_P(SelectTopk, ManyValuesEqualToTheSampledThreshold) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const int64_t cols = 65536;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t equal : {int64_t{1000}, int64_t{2100}, int64_t{10000}}) {
+    std::vector<float> v(static_cast<size_t>(cols));
+    for (float& e : v) e = std::min(normal(rng), 2.5f);
+    for (int64_t i = 0; i < equal; ++i) v[rng() % cols] = 3.0f;
+    for (int64_t i = 0; i < 100; ++i) v[rng() % cols] = 4.0f + normal(rng) * 0.1f;
+    SCOPED_TRACE("equal " + std::to_string(equal));
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const Tensor x = from_values(v, 1, cols, dtype);
+      for (int64_t k : {1, 512, 2048, 4096}) expect_topk(x, k);
+    }
+  }
+  // Few distinct values (the sample's value at the threshold's rank is shared by thousands).
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (int64_t k : {1, 64, 2048, 4096})
+      expect_topk(make_scores(2, cols, dtype, Fill::few_values, seed + k), k);
+  expect_topk(make_scores(2, cols, DType::f32, Fill::all_equal, seed), 2048);
+}
+
+// NaN, +-inf and signed zeros where the kernel samples: a sample of NaN or +inf gives a threshold
+// that admits too few values; a row of almost only -inf gives none; zeros of both signs tie.
+TEST_P(SelectTopk, SpecialValuesInTheSample) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const int64_t cols = 65536;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int kind = 0; kind < 4; ++kind) {
+    std::vector<float> v(static_cast<size_t>(cols));
+    for (float& e : v) e = normal(rng);
+    if (kind == 0) for_each_sampled(0, cols, [&](int64_t j) { v[static_cast<size_t>(j)] = nan; });
+    if (kind == 1) for_each_sampled(0, cols, [&](int64_t j) { v[static_cast<size_t>(j)] = inf; });
+    if (kind == 2) {  // 1000 numbers among -inf
+      for (float& e : v) e = -inf;
+      for (int i = 0; i < 1000; ++i) v[rng() % cols] = normal(rng);
+    }
+    if (kind == 3)  // zeros of both signs above negative numbers
+      for (float& e : v) e = rng() % 2 ? -std::abs(e) - 1.0f : (rng() % 2 ? 0.0f : -0.0f);
+    SCOPED_TRACE("kind " + std::to_string(kind));
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const Tensor x = from_values(v, 1, cols, dtype);
+      if (kind <= 1) {
+        EXPECT_TRUE(sample_falls_short(x, 2048));
+      }
+      for (int64_t k : {1, 512, 2048}) expect_topk(x, k);
+    }
+  }
+}
+
+// Rows around the shortest length the kernel samples, and long rows whose segments sample their
+// own part.
+TEST_P(SelectTopk, LengthsAroundTheSamplingLimit) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const int64_t shortest = 16 * kernels::kSampleSize;
+  for (int64_t cols : {shortest - 1, shortest, shortest + 1, 2 * shortest + 3}) {
+    for (Fill fill : {Fill::distinct, Fill::few_values, Fill::ascending}) {
+      const Tensor x = make_scores(2, cols, DType::f32, fill, seed + cols);
+      for (int64_t k : {1, 1024, 2048, 4096}) {
+        SCOPED_TRACE("cols " + std::to_string(cols) + " k " + std::to_string(k));
+        expect_topk(x, k);
+      }
+    }
+  }
+  // Rows of 3 segments, with ranges that start and end inside them.
+  const int64_t cols = 200000, rows = 3;
+  const Tensor x = make_scores(rows, cols, DType::bf16, Fill::distinct, seed);
+  expect_topk(x, 2048, int_rows({200000, 190001, 70000}), int_rows({0, 3, 1}));
+}
+
 // The generic and AVX-512 scans append candidates in the same order, so the backends agree bit for
 // bit, ties included.
 TEST(SelectTopkBackends, AgreeBitForBit) {
   DSK_SKIP_UNLESS_BACKEND(Backend::avx512);
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  const Tensor x = make_scores(5, 70001, DType::f32, Fill::with_specials, seed);
-  TopkResult results[2];
-  int i = 0;
-  for (Backend b : {Backend::generic, Backend::avx512}) {
-    dsk::test::ScopedBackend scoped(b);
-    results[i++] = topk(x, 777, std::nullopt, std::nullopt, std::nullopt, -1, false, true);
+  std::vector<float> spiked(65536, 1.0f);  // a sample of equal large values: the fallback path
+  for (size_t j = 0; j < spiked.size(); ++j) spiked[j] = static_cast<float>(j % 1000) * 0.01f;
+  for_each_sampled(0, 65536, [&](int64_t j) { spiked[static_cast<size_t>(j)] = 50.0f; });
+  const Tensor inputs[] = {make_scores(5, 70001, DType::f32, Fill::with_specials, seed),
+                           make_scores(3, 65536, DType::f32, Fill::with_specials, seed + 1),
+                           make_scores(3, 65536, DType::bf16, Fill::distinct, seed + 2),
+                           make_scores(3, 65536, DType::f32, Fill::few_values, seed + 3),
+                           make_scores(2, 140000, DType::bf16, Fill::few_values, seed + 4),
+                           from_values(spiked, 1, 65536, DType::f32)};
+  for (const Tensor& x : inputs) {
+    for (int64_t k : {int64_t{777}, int64_t{2048}}) {
+      TopkResult results[2];
+      int i = 0;
+      for (Backend b : {Backend::generic, Backend::avx512}) {
+        dsk::test::ScopedBackend scoped(b);
+        results[i++] = topk(x, k, std::nullopt, std::nullopt, std::nullopt, -1, false, true);
+      }
+      EXPECT_EQ(std::memcmp(results[0].indices.data_ptr(), results[1].indices.data_ptr(),
+                            results[0].indices.nbytes()),
+                0)
+          << x.size(0) << "x" << x.size(1) << " " << dtype_name(x.dtype()) << " k " << k;
+    }
   }
-  EXPECT_EQ(std::memcmp(results[0].indices.data_ptr(), results[1].indices.data_ptr(),
-                        results[0].indices.nbytes()),
-            0);
 }
 
 TEST(SelectTopkErrors, BadInputsRaise) {
