@@ -101,6 +101,17 @@ Workspace& workspace() {
   return w;
 }
 
+// The problem of items with `rows` query rows (d_v = 512).
+k::Problem make_problem(int64_t rows, int64_t d_qk, float scale) {
+  k::Problem p;
+  p.rows = rows;
+  p.rows_pad = k::round_up(rows, k::kRowAlign);
+  p.d_qk = d_qk;
+  p.d_v = k::kLatentDim;
+  p.scale = scale;
+  return p;
+}
+
 k::State state_at(float* base, const k::Problem& p) {
   return k::State{base, base + p.rows * p.d_v, base + p.rows * p.d_v + p.rows_pad};
 }
@@ -283,12 +294,7 @@ SparseFwdResult flash_mla_sparse_fwd(const Tensor& q, const Tensor& kv, const Te
       indices.data<int32_t>(), indices.stride(0), s_q, topk, limit,
       [&](int32_t idx, int64_t, int64_t) { return idx >= 0 && idx < s_kv; }, keys, begin, n);
 
-  k::Problem p;
-  p.rows = h_q;
-  p.rows_pad = k::round_up(h_q, k::kRowAlign);
-  p.d_qk = d_qk;
-  p.d_v = d_v;
-  p.scale = static_cast<float>(sm_scale);
+  const k::Problem p = make_problem(h_q, d_qk, static_cast<float>(sm_scale));
   const int64_t parts = parts_per_item(s_q, max_of(n));
   const bf16* qd = q.data<bf16>();
   bf16* out = r.out.data<bf16>();
@@ -417,12 +423,7 @@ KvcacheResult sparse_decode(const Tensor& q, const Tensor& k_cache, const Tensor
   KvcacheResult r{Tensor::empty({b, s_q, h_q, d_v}, DType::bf16),
                   Tensor::empty({b, h_q, s_q}, DType::f32)};
   if (b * s_q == 0) return r;
-  k::Problem p;
-  p.rows = h_q;
-  p.rows_pad = k::round_up(h_q, k::kRowAlign);
-  p.d_qk = k::kQkDim;
-  p.d_v = d_v;
-  p.scale = scale;
+  const k::Problem p = make_problem(h_q, k::kQkDim, scale);
   const bf16* qd = q.data<bf16>();
   bf16* out = r.out.data<bf16>();
   float* lse = r.lse.data<float>();
@@ -498,12 +499,7 @@ KvcacheResult dense_decode(const Tensor& q, const Tensor& k_cache, const Tensor&
   KvcacheResult r{Tensor::empty({b, s_q, h_q, d_v}, DType::bf16),
                   Tensor::empty({b, h_q, s_q}, DType::f32)};
   if (items == 0 || s_q == 0) return r;
-  k::Problem p;
-  p.rows = s_q * group;
-  p.rows_pad = k::round_up(p.rows, k::kRowAlign);
-  p.d_qk = k::kQkDim;
-  p.d_v = d_v;
-  p.scale = scale;
+  const k::Problem p = make_problem(s_q * group, k::kQkDim, scale);
   const bf16* qd = q.data<bf16>();
   bf16* out = r.out.data<bf16>();
   float* lse = r.lse.data<float>();
