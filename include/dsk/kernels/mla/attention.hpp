@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include <dsk/kernels/mla/kv_format.hpp>
 #include <dsk/kernels/numeric.hpp>
@@ -300,6 +301,13 @@ inline void pv_tile(const Problem& p, int64_t r0, int64_t c0, int64_t pairs, con
   tile::dot_store(t, o, p.d_v);
 }
 
+// The last rows of a column block (left < 6 of them) as one tile of exactly that height.
+template <class I, int... H>
+inline void pv_tail(std::integer_sequence<int, H...>, int64_t left, const Problem& p, int64_t r0,
+                    int64_t c0, int64_t pairs, const Scratch& s, State& st) {
+  ((left == H + 1 ? pv_tile<I, H + 1>(p, r0, c0, pairs, s, st) : void()), ...);
+}
+
 template <class I>
 void accumulate_pv(const Problem& p, int64_t pairs, const Scratch& s, State& st) {
   for (int64_t r = 0; r < p.rows; ++r) {
@@ -311,25 +319,7 @@ void accumulate_pv(const Problem& p, int64_t pairs, const Scratch& s, State& st)
   for (int64_t c0 = 0; c0 < p.d_v; c0 += 64) {
     int64_t r0 = 0;
     for (; r0 + 6 <= p.rows; r0 += 6) pv_tile<I, 6>(p, r0, c0, pairs, s, st);
-    switch (p.rows - r0) {
-      case 5:
-        pv_tile<I, 5>(p, r0, c0, pairs, s, st);
-        break;
-      case 4:
-        pv_tile<I, 4>(p, r0, c0, pairs, s, st);
-        break;
-      case 3:
-        pv_tile<I, 3>(p, r0, c0, pairs, s, st);
-        break;
-      case 2:
-        pv_tile<I, 2>(p, r0, c0, pairs, s, st);
-        break;
-      case 1:
-        pv_tile<I, 1>(p, r0, c0, pairs, s, st);
-        break;
-      default:
-        break;
-    }
+    pv_tail<I>(std::make_integer_sequence<int, 5>{}, p.rows - r0, p, r0, c0, pairs, s, st);
   }
 }
 
