@@ -316,6 +316,32 @@ void for_each_element_pair(const Tensor& dst, const Tensor& src, Fn fn) {
   }
 }
 
+// Calls fn(dst_row, src_row, row_bytes) for every row (all indices but the last) of two tensors
+// whose last dimension is contiguous: one memcpy-sized call per row instead of one per element.
+template <class Fn>
+void for_each_row_pair(const Tensor& dst, const Tensor& src, Fn fn) {
+  const int n = dst.dim();
+  const int64_t es = static_cast<int64_t>(dst.element_size());
+  const size_t row_bytes = static_cast<size_t>(dst.size(n - 1) * es);
+  std::vector<int64_t> index(static_cast<size_t>(n - 1), 0);
+  char* d = static_cast<char*>(dst.data_ptr());
+  const char* s = static_cast<const char*>(src.data_ptr());
+  while (true) {
+    int64_t od = 0, os = 0;
+    for (int i = 0; i < n - 1; ++i) {
+      od += index[i] * dst.stride(i);
+      os += index[i] * src.stride(i);
+    }
+    fn(d + od * es, s + os * es, row_bytes);
+    int i = n - 2;
+    for (; i >= 0; --i) {
+      if (++index[i] < dst.size(i)) break;
+      index[i] = 0;
+    }
+    if (i < 0) break;
+  }
+}
+
 }  // namespace
 
 void Tensor::copy_(const Tensor& src) {
@@ -324,6 +350,12 @@ void Tensor::copy_(const Tensor& src) {
   DSK_CHECK_ARG(src.sizes() == sizes_, "Tensor::copy_", "src", describe(), src.describe());
   if (is_contiguous() && src.is_contiguous()) {
     std::memmove(data_, src.data_, nbytes());
+    return;
+  }
+  if (numel() == 0) return;
+  if (dim() >= 2 && stride(-1) == 1 && src.stride(-1) == 1) {
+    for_each_row_pair(*this, src,
+                      [](char* d, const char* s, size_t bytes) { std::memmove(d, s, bytes); });
     return;
   }
   const size_t es = element_size();
