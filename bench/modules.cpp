@@ -17,7 +17,8 @@
   X(mla)                     \
   X(tk)                      \
   X(topk)                    \
-  X(ep)
+  X(ep)                      \
+  X(model)
 
 namespace dsk::bench {
 

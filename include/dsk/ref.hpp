@@ -321,3 +321,98 @@ KvcacheResult dense_decode(const Tensor& q, const Tensor& k_cache, const Tensor&
                            const std::optional<Tensor>& attn_sink = std::nullopt);
 
 }  // namespace dsk::ref::mla
+
+// ================================================================================================
+// ---- model (the oracle of dsk::model::Model) ----
+//
+// The DeepSeek-V3.2 forward of the upstream demo (inference/model.py with the 2025-11-17 fix,
+// spec/attention.md §5.3 and §5.5) as plain loops, no dsk kernels: FP8 weights dequantized to f32
+// once, every FP8 linear as act_quant (1 x 128 UE8M0 blocks) then an fp64-summed product rounded
+// to bf16, bf16 activations wherever the demo stores them, MLA in the absorbed form for prefill
+// and decode (q_nope . W_UK, softmax over the indexer's top-k, W_UV . o_lat; P not rounded unless
+// asked), the latent cache through the 656-byte token's FP8 round trip, the indexer on FP8 codes
+// with non-interleaved RoPE and an fp32 weights_proj, and the noaux_tc gate of dsk::ref::tk. A
+// sequence's cache is plain per-layer vectors; memory is 4 bytes per parameter (sized for
+// v32-tiny or a few real layers, not the whole 671B model).
+#include <memory>
+#include <span>
+#include <vector>
+
+#include <dsk/model.hpp>
+
+namespace dsk::ref::model {
+
+class Reference {
+ public:
+  struct Options {
+    // Rounds the attention probabilities exp(logit - max) to bf16 before P . V, the row sum taken
+    // from the unrounded values, as FlashMLA does; off, the softmax stays fp64 (the model's
+    // definition).
+    bool round_p_to_bf16 = false;
+  };
+
+  // Dequantizes every weight of `weights` (dsk::Error naming a missing tensor).
+  explicit Reference(const dsk::model::Weights& weights);
+  Reference(const dsk::model::Weights& weights, Options options);
+  ~Reference();
+  Reference(Reference&&) noexcept;
+  Reference& operator=(Reference&&) noexcept;
+
+  const dsk::model::Config& config() const;
+  // A new, empty sequence.
+  int64_t add_sequence();
+  int64_t sequence_length(int64_t seq) const;
+
+  // Appends `tokens` to sequence `seq` at positions [length, length + tokens.size()) (prefill:
+  // many, decode: one) and returns the f32 [vocab_size] logits of the last one. Token t attends
+  // to the top-k of positions [0, its position]. Raises dsk::Error, changing nothing, for an
+  // unknown seq, no tokens, a token id outside [0, vocab_size) or a sequence that would exceed
+  // config().rope.max_seq_len.
+  Tensor forward(int64_t seq, std::span<const int32_t> tokens);
+
+  // How the reference judged decisions it was asked to replay: a decision (one token's expert
+  // set, or its indexer top-k set, in one layer) that differs from the reference's own is within
+  // tolerance when every swapped pair is a near-tie: indexer scores within 10% of the row's largest
+  // |score|, biased expert scores (or their groups' top-2 sums) within 0.05. (Past the first layer
+  // the runs differ by FP8 code flips; on v32-tiny the indexer scores of swapped pairs then differ
+  // by up to ~7% of the largest. Layer 0, with identical inputs, decides identically.)
+  struct DecisionCheck {
+    int64_t compared = 0;
+    int64_t differing = 0;
+    int64_t beyond_tolerance = 0;
+    int64_t first_layer_compared = 0;   // layer 0 alone: the same inputs on both sides, so
+    int64_t first_layer_differing = 0;  // every set should be the same
+  };
+  // The same, replaying the model's decisions (Model::last_decisions() of a forward over exactly
+  // these tokens): the reference takes those expert and key sets instead of its own and counts in
+  // `check` how they compare with its own choices.
+  Tensor forward(int64_t seq, std::span<const int32_t> tokens,
+                 const std::vector<dsk::model::LayerDecisions>& replay, DecisionCheck& check);
+
+  // The positions (ascending) the indexer of `layer` selected for the last token of seq's latest
+  // forward: all of [0, position] when that is at most index_topk positions, else index_topk of
+  // them.
+  std::vector<int64_t> last_selection(int64_t seq, int layer) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Issue 8's cross-check of the kernel forward: prefills `prompt` into a new sequence of `model` and
+// of `reference`, then runs `steps` greedy decode steps, each feeding both the argmax of the
+// model's logits. diffs: calc_diff of the two last-position logits at every step (the prefill
+// first: steps + 1 values). With replay_decisions the reference replays the model's expert and
+// top-k choices (see DecisionCheck), so that a near-tie decided the other way — which two
+// implementations that are not bit-identical cannot avoid — does not send the two runs apart;
+// the decisions themselves are then judged as sets. The model's sequence is freed at the end.
+struct CrossCheck {
+  std::vector<double> diffs;
+  Reference::DecisionCheck decisions;
+  double max_diff() const;
+};
+CrossCheck cross_check(dsk::model::Model& model, Reference& reference,
+                       std::span<const int32_t> prompt, int steps, bool replay_decisions = true);
+
+}  // namespace dsk::ref::model

@@ -1,6 +1,6 @@
-// `dsk verify [MODULE...] [--json F] [--quick] [--filter RE] [--list]`: runs every optimised
-// kernel against its reference on fresh random data and prints a pass/fail table; exits 1 when a
-// case fails.
+// `dsk verify [MODULE...] [--model] [--json F] [--quick] [--filter RE] [--list]`: runs every
+// optimised kernel against its reference on fresh random data and prints a pass/fail table; exits 1
+// when a case fails.
 #include <memory>
 
 #include <fmt/core.h>
@@ -35,7 +35,14 @@ void add_verify_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "verify", "check every optimised kernel against dsk::ref; exit status 1 if any case fails");
   add_case_options(cmd, *options, false);
-  cmd->callback([options] { run_verify_command(*options); });
+  auto model = std::make_shared<bool>(false);
+  cmd->add_flag("--model", *model,
+                "the model cross-check: dsk::model on v32-tiny against the fp32 reference model "
+                "(the same as the module `model`)");
+  cmd->callback([options, model] {
+    if (*model) options->modules.push_back("model");
+    run_verify_command(*options);
+  });
 }
 
 }  // namespace dsk::cli

@@ -12,5 +12,7 @@ void add_bench_command(
 void add_verify_command(CLI::App& app);  // dsk verify [MODULE...] [--json F] [--quick]
 void add_demo_command(CLI::App& app);    // dsk demo
 void add_jit_command(CLI::App& app);     // dsk jit ls|clear|warmup
+void add_model_commands(CLI::App& app);  // dsk make-checkpoint ... DIR, dsk model-info [DIR]
+void add_run_command(CLI::App& app);     // dsk run --checkpoint DIR --prompt-ids FILE|-
 
 }  // namespace dsk::cli

@@ -36,6 +36,8 @@ int main(int argc, char** argv) {
     dsk::cli::add_bench_command(app);
     dsk::cli::add_verify_command(app);
     dsk::cli::add_demo_command(app);
+    dsk::cli::add_model_commands(app);
+    dsk::cli::add_run_command(app);
 #ifdef DSK_CLI_HAS_JIT
     dsk::cli::add_jit_command(app);
 #endif
