@@ -18,7 +18,8 @@
   X(tk)                      \
   X(topk)                    \
   X(ep)                      \
-  X(model)
+  X(model)                   \
+  X(layer)
 
 namespace dsk::bench {
 

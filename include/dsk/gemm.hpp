@@ -58,6 +58,10 @@ class PackedWeight {
 
 // b: bf16 [N,K] or [G,N,K] (any strides; [K,N] views from .transpose() work too).
 PackedWeight pack_weight(const Tensor& b);
+// The groups of several packed weights (each [N,K] or [G,N,K], all of one N, K and dtype) as one
+// grouped weight, in order. The packed data is shared, not copied: a model packs each expert on
+// its own and groups them without ever holding a stacked [E,N,K] copy of the raw weights.
+PackedWeight stack_packed_weights(const std::vector<PackedWeight>& parts);
 // b: e4m3 / fp4x2 data with scales, as fp8_fp4_gemm_nt's b; recipe_b is (gran_n, gran_k) and
 // defaults as in fp8_fp4_gemm_nt.
 PackedWeight pack_weight(const Fp8Tensor& b, std::optional<OperandRecipe> recipe_b = std::nullopt,

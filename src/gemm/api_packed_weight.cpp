@@ -82,4 +82,26 @@ PackedWeight pack_weight(const Fp8Tensor& b, std::optional<OperandRecipe> recipe
   return pack_all_groups(api::to_k_major(fn, "b.data", info), sfb);
 }
 
+PackedWeight stack_packed_weights(const std::vector<PackedWeight>& parts) {
+  constexpr const char* fn = "stack_packed_weights";
+  DSK_CHECK_ARG(!parts.empty(), fn, "parts", "at least one packed weight", 0);
+  auto impl = std::make_shared<PackedWeight::Impl>();
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const PackedWeight& p = parts[i];
+    DSK_CHECK_ARG(p.defined(), fn, "parts", "defined packed weights",
+                  fmt::format("undefined part {}", i));
+    if (i == 0) {
+      impl->n = p.n();
+      impl->k = p.k();
+      impl->dtype = p.dtype();
+    }
+    DSK_CHECK_ARG(
+        p.n() == impl->n && p.k() == impl->k && p.dtype() == impl->dtype, fn, "parts",
+        fmt::format("N = {}, K = {}, {} like part 0", impl->n, impl->k, dtype_name(impl->dtype)),
+        fmt::format("part {}: N = {}, K = {}, {}", i, p.n(), p.k(), dtype_name(p.dtype())));
+    impl->groups.insert(impl->groups.end(), p.impl().groups.begin(), p.impl().groups.end());
+  }
+  return PackedWeight(std::move(impl));
+}
+
 }  // namespace dsk::gemm

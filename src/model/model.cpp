@@ -192,25 +192,18 @@ Ffn load_ffn(const Weights& w, const Config& c, int layer) {
   std::tie(f.w13, f.w2) = load_mlp(w, p + "shared_experts.");
   f.gate = w.get(p + "gate.weight");
   f.gate_bias = as_f32(w.get(p + "gate.e_score_correction_bias"));
-  // The experts' weights stacked into [E, N, K] for the grouped GEMMs.
-  const int64_t e_count = c.n_routed_experts;
-  std::vector<gemm::Fp8Tensor> w13, w2;
-  for (int64_t e = 0; e < e_count; ++e) {
+  // Each expert packed on its own (w1 | w3 stacked), then grouped without a copy: the raw weights
+  // are never held twice (one real MoE layer is 12 GB).
+  std::vector<gemm::PackedWeight> w13, w2;
+  for (int64_t e = 0; e < c.n_routed_experts; ++e) {
     const std::string q = p + "experts." + std::to_string(e) + ".";
-    w13.push_back(
-        stack_rows({fp8_weight(w, q + "gate_proj.weight"), fp8_weight(w, q + "up_proj.weight")}));
-    w2.push_back(fp8_weight(w, q + "down_proj.weight"));
+    w13.push_back(pack_linear(stack_rows({fp8_weight(w, q + "gate_proj.weight"),
+                                          fp8_weight(w, q + "up_proj.weight")}))
+                      .w);
+    w2.push_back(pack_linear(w, q + "down_proj.weight").w);
   }
-  const auto stack_groups = [&](const std::vector<gemm::Fp8Tensor>& parts) {
-    const gemm::Fp8Tensor flat = stack_rows(parts);
-    const Shape d = parts[0].data.sizes(), s = parts[0].sf.sizes();
-    return gemm::Fp8Tensor{flat.data.view({e_count, d[0], d[1]}),
-                           flat.sf.view({e_count, s[0], s[1]})};
-  };
-  f.experts_w13 =
-      gemm::pack_weight(stack_groups(w13), gemm::OperandRecipe{kQuantBlock, kQuantBlock});
-  w13.clear();
-  f.experts_w2 = gemm::pack_weight(stack_groups(w2), gemm::OperandRecipe{kQuantBlock, kQuantBlock});
+  f.experts_w13 = gemm::stack_packed_weights(w13);
+  f.experts_w2 = gemm::stack_packed_weights(w2);
   return f;
 }
 

@@ -267,6 +267,15 @@ TEST_F(Errors, PackedWeights) {
   EXPECT_ARG_ERROR(gemm::pack_weight(Fp8Tensor{p.b.data, randn_f32({160, 2})}), "pack_weight",
                    "b.sf");
   EXPECT_ARG_ERROR(gemm::pack_weight(p.b, OperandRecipe{128, 64}), "pack_weight", "recipe_b");
+  // Stacking needs defined parts of one N, K and dtype.
+  EXPECT_ARG_ERROR(gemm::stack_packed_weights({}), "stack_packed_weights", "parts");
+  EXPECT_ARG_ERROR(gemm::stack_packed_weights({bf16_weight, gemm::PackedWeight()}),
+                   "stack_packed_weights", "parts");
+  EXPECT_ARG_ERROR(
+      gemm::stack_packed_weights({bf16_weight, gemm::pack_weight(randn_bf16({96, 256}))}),
+      "stack_packed_weights", "parts");
+  EXPECT_ARG_ERROR(gemm::stack_packed_weights({bf16_weight, fp8_k}), "stack_packed_weights",
+                   "parts");
   // A grouped weight must have the masked A's number of groups.
   const gemm::PackedWeight grouped = gemm::pack_weight(randn_bf16({3, 32, 128}));
   EXPECT_ARG_ERROR(gemm::m_grouped_bf16_gemm_nt_masked(randn_bf16({2, 16, 128}), grouped,

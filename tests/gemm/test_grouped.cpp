@@ -181,6 +181,29 @@ TEST_F(MGroupedContiguous, PackedFp8WeightsGiveTheSameBits) {
   }
 }
 
+// Groups packed one by one and stacked (stack_packed_weights shares them) give the bits of the
+// weight packed as [G, N, K].
+TEST_F(MGroupedContiguous, StackedPackedWeightsGiveTheSameBits) {
+  SCOPED_TRACE(seed_note());
+  const std::vector<int64_t> rows = random_group_rows(3, 40);
+  const Contiguous c = make_contiguous(rows, gemm::get_mk_alignment_for_contiguous_layout(), false);
+  const Tensor a = randn_bf16({c.m, 256}), b = randn_bf16({3, 96, 256});
+  const QuantOperand qa = quantize(a, kGroupedConfigs[0].a);
+  const QuantOperand qb = quantize_groups(b, kGroupedConfigs[0].b);
+  Tensor whole = poisoned({c.m, 96}, DType::bf16), stacked = poisoned({c.m, 96}, DType::bf16);
+  gemm::m_grouped_fp8_fp4_gemm_nt_contiguous(qa.x, gemm::pack_weight(qb.x, qb.recipe), whole,
+                                             c.layout, std::nullopt, qa.recipe);
+  std::vector<gemm::PackedWeight> parts;
+  for (int64_t g = 0; g < 3; ++g)
+    parts.push_back(gemm::pack_weight(gemm::Fp8Tensor{qb.x.data.select(0, g), qb.x.sf.select(0, g)},
+                                      qb.recipe));
+  const gemm::PackedWeight w = gemm::stack_packed_weights(parts);
+  EXPECT_EQ(w.num_groups(), 3);
+  EXPECT_EQ(w.nbytes(), gemm::pack_weight(qb.x, qb.recipe).nbytes());
+  gemm::m_grouped_fp8_fp4_gemm_nt_contiguous(qa.x, w, stacked, c.layout, std::nullopt, qa.recipe);
+  EXPECT_TRUE(bitwise_equal(stacked, whole));
+}
+
 TEST_F(MGroupedContiguous, MkAlignmentIsHonoured) {
   SCOPED_TRACE(seed_note());
   for (int alignment : {16, 64, 128}) {

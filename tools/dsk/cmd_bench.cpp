@@ -1,5 +1,6 @@
-// `dsk bench [MODULE...] [--json F] [--plot F] [--quick] [--filter RE] [--list]`: measures the
-// ceilings, then times each case of the chosen modules against them and against its peer.
+// `dsk bench [MODULE...] [--json F] [--plot F] [--quick] [--filter RE] [--preset P] [--list]`:
+// measures the ceilings, then times each case of the chosen modules against them and against its
+// peer.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -11,6 +12,9 @@
 #include <vector>
 
 #include <fmt/core.h>
+
+#include <dsk/core/error.hpp>
+#include <dsk/model.hpp>
 
 #include "bench/runner.hpp"
 #include "commands.hpp"
@@ -68,14 +72,29 @@ void run_bench_command(const CaseOptions& o) {
   if (!o.plot.empty()) bench::plot_roofline(report, o.plot);
 }
 
+// --preset P: the filter that keeps the layer module's cases of preset P ("decode v32-tiny",
+// "prefill v32-tiny moe.gate", ...; bench/cases/layer.cpp).
+std::string layer_preset_filter(const std::string& preset, const std::string& filter) {
+  DSK_CHECK_ARG(filter.empty(), "bench", "--preset", "no --filter with it (it sets the filter)",
+                filter);
+  return "^layer/[a-z]+ " + preset + "( |$)";
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
   auto options = std::make_shared<CaseOptions>();
+  auto preset = std::make_shared<std::string>();
   CLI::App* cmd = app.add_subcommand(
       "bench", "time kernels against this machine's ceilings (measured first) and a peer");
   add_case_options(cmd, *options, true);
-  cmd->callback([options] { run_bench_command(*options); });
+  cmd->add_option("--preset", *preset, "run only the layer module's cases of model preset NAME")
+      ->type_name("NAME")
+      ->check(CLI::IsMember(model::preset_names()));
+  cmd->callback([options, preset] {
+    if (!preset->empty()) options->filter = layer_preset_filter(*preset, options->filter);
+    run_bench_command(*options);
+  });
 }
 
 }  // namespace dsk::cli
