@@ -16,6 +16,7 @@
 #include <dsk/ref.hpp>
 
 #include "common/test_util.hpp"
+#include "model/model_test_util.hpp"
 
 namespace dsk {
 namespace {
@@ -52,18 +53,7 @@ void expect_same_weights(const Weights& a, const Weights& b) {
   }
 }
 
-// Runs `fn`, expecting a dsk::Error whose message contains every one of `words`.
-void expect_error_naming(const std::function<void()>& fn,
-                         std::initializer_list<std::string> words) {
-  try {
-    fn();
-    ADD_FAILURE() << "no dsk::Error; expected one naming " << *words.begin();
-  } catch (const Error& e) {
-    for (const std::string& w : words)
-      EXPECT_NE(std::string(e.what()).find(w), std::string::npos)
-          << "'" << w << "' not in: " << e.what();
-  }
-}
+using model_test::expect_error_naming;
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -10,6 +10,7 @@
 #include <dsk/model.hpp>
 
 #include "common/test_util.hpp"
+#include "model/model_test_util.hpp"
 
 namespace dsk {
 namespace {
@@ -115,18 +116,7 @@ void expect_same_config(const Config& a, const Config& b) {
   EXPECT_EQ(a.rope_mscale, b.rope_mscale);
 }
 
-// Runs `fn`, expecting a dsk::Error whose message contains every one of `words`.
-void expect_error_naming(const std::function<void()>& fn,
-                         std::initializer_list<std::string> words) {
-  try {
-    fn();
-    ADD_FAILURE() << "no dsk::Error; expected one naming " << *words.begin();
-  } catch (const Error& e) {
-    for (const std::string& w : words)
-      EXPECT_NE(std::string(e.what()).find(w), std::string::npos)
-          << "'" << w << "' not in: " << e.what();
-  }
-}
+using model_test::expect_error_naming;
 
 TEST(ModelConfig, PresetsValidate) {
   ASSERT_EQ(model::preset_names(), (std::vector<std::string>{"v32", "v32-tiny"}));
