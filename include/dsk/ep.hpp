@@ -137,6 +137,14 @@ struct BufferConfig {
   int num_experts = 0;  // E, a multiple of the number of ranks, E / ranks <= 1024
   bool use_fp8_dispatch = false;
   bool deterministic = false;  // rows are always sorted by global source id; kept for upstream
+  // Expand-mode combine. true: each rank first sums its own slots of a token into one BF16 partial
+  // (one row per (token, rank) travels back). false (upstream EPBuffer
+  // allow_multiple_reduction=False): every slot's row travels back (up to min(K, E_local) rows per
+  // (token, rank)) and the owner reduces once, out[t] = bf16(f32(bias0) + f32(bias1) + sum over
+  // slots k in top-k order of f32(row_k)), so the result is bitwise the same for any number of
+  // ranks and any expert placement. Non-expand combine is unchanged (the caller already reduced
+  // over the local experts).
+  bool allow_multiple_reduction = true;
   Transport transport = Transport::automatic;
   double timeout_s = 0;             // 0: DSK_EP_TIMEOUT_S (default 300)
   bool explicitly_destroy = false;  // when true, the owner must call destroy()

@@ -25,7 +25,10 @@ struct Agreement {
   int32_t num_experts;
   int32_t use_fp8_dispatch;
   int32_t transport;
+  int32_t allow_multiple_reduction;  // the combine's record format depends on it
+  int32_t reserved;                  // 0: no padding bytes, so memcmp compares values only
 };
+static_assert(sizeof(Agreement) == 3 * 8 + 6 * 4, "Agreement must have no padding");
 
 std::string describe(const Agreement& a) {
   return "num_bytes=" + std::to_string(a.num_bytes) +
@@ -33,7 +36,8 @@ std::string describe(const Agreement& a) {
          " hidden=" + std::to_string(a.hidden) + " num_topk=" + std::to_string(a.num_topk) +
          " num_experts=" + std::to_string(a.num_experts) +
          " use_fp8_dispatch=" + std::to_string(a.use_fp8_dispatch) +
-         " transport=" + transport_name(static_cast<Transport>(a.transport));
+         " transport=" + transport_name(static_cast<Transport>(a.transport)) +
+         " allow_multiple_reduction=" + std::to_string(a.allow_multiple_reduction);
 }
 
 // Identical on every rank (it reads only the gathered values), so all ranks raise together.
@@ -299,7 +303,9 @@ Buffer::Buffer(const Communicator& comm, const BufferConfig& config)
                                config.num_topk,
                                config.num_experts,
                                config.use_fp8_dispatch ? 1 : 0,
-                               static_cast<int32_t>(config.transport)};
+                               static_cast<int32_t>(config.transport),
+                               config.allow_multiple_reduction ? 1 : 0,
+                               0};
   std::vector<detail::Agreement> all(b.num_ranks);
   detail::allgather(comm.impl(), &mine, all.data(), sizeof mine, b.timeout_s, "ep::Buffer");
   detail::check_agreement(all);

@@ -4,7 +4,18 @@
 // order of each rank's last top-k slot (ascending rank when the dispatch had no top-k ids), then
 // rounds to BF16.
 //
-// Record of one (received row, owner) pair: [bf16 partial row][f32 weights x K], padded to 16.
+// Single reduction (expand mode with BufferConfig::allow_multiple_reduction = false): the expert
+// rank sends every slot's row as it is, and the owner adds them all in top-k slot order onto the
+// bias sum with one rounding at the end, so the result does not depend on where experts live.
+//
+// Records, one fixed size per operation, padded to 16:
+//   partials      one per (received row, owner): [bf16 partial row][f32 weights x K]
+//   single        one per (received row, local slot), the slots of a row in top-k order:
+//                 [bf16 slot row][f32 weight of that slot]. The owner knows from its routing which
+//                 of its slots live on the sender, so the records need no slot index; a record is
+//                 never larger than a dispatch record, so whatever slot size carries a dispatch
+//                 carries it, and the (up to min(K, E_local) times) more records stream through
+//                 the slots in more rounds.
 #include <algorithm>
 #include <cstring>
 
@@ -101,27 +112,43 @@ int reduction_order(const Plan& plan, int64_t t, int* ranks) {
 }
 
 // One combine: the sender packs (and, in expand mode, reduces) its rows; the owner stages the
-// partials per source rank in send-list order and reduces them in finish().
+// records per source rank in stream order and reduces them in finish().
 struct CombineOp final : Operation {
   Checked c;
   std::shared_ptr<const Plan> plan;
   std::vector<Tensor> keep;  // the inputs the callbacks read, alive until the exchange ends
   size_t row_bytes = 0, w_bytes = 0;
+  bool single = false;  // one record per slot, one reduction at the owner
   std::vector<float> pack_acc;
+  // Single reduction. Sender: per owner, the expanded rows in stream order. Owner: [T*K] each
+  // slot's record index in its expert rank's stream, or -1.
+  std::vector<std::vector<int32_t>> slot_rows;
+  std::vector<int32_t> slot_record;
   std::vector<int64_t> stage_offset;
-  Tensor stage;  // u8 [rows * record_bytes], pooled
+  Tensor stage;  // u8 [records * record_bytes], pooled
   Tensor combined_x, combined_w;
 
   void pack(int d, int64_t first, int64_t n, std::byte* dst);
-  const std::byte* record(int r, int64_t t) const {
-    const int R = plan->num_ranks;
+  void pack_slots(int d, int64_t first, int64_t n, std::byte* dst);
+  const std::byte* staged(int r, int64_t index) const {
     return static_cast<const std::byte*>(stage.data_ptr()) +
-           static_cast<size_t>(stage_offset[r] + plan->send_pos[t * R + r]) * spec.record_bytes;
+           static_cast<size_t>(stage_offset[r] + index) * spec.record_bytes;
   }
+  const std::byte* record(int r, int64_t t) const {
+    return staged(r, plan->send_pos[t * plan->num_ranks + r]);
+  }
+  const std::byte* slot(int64_t t, int k) const {
+    const int64_t i = t * c.K + k;
+    return staged(plan->topk[i] / plan->num_local_experts, slot_record[i]);
+  }
+  void start_from_bias(float* acc, int64_t t) const;
+  void reduce_partials(float* acc, float* w, int64_t t, int* ranks) const;
+  void reduce_slots(float* acc, float* w, int64_t t) const;
   void finish() override;
 };
 
 void CombineOp::pack(int d, int64_t first, int64_t n, std::byte* dst) {
+  if (single) return pack_slots(d, first, n, dst);
   const int64_t H = c.H;
   const int K = c.K;
   for (int64_t i = 0; i < n; ++i, dst += spec.record_bytes) {
@@ -142,33 +169,94 @@ void CombineOp::pack(int d, int64_t first, int64_t n, std::byte* dst) {
   }
 }
 
+void CombineOp::pack_slots(int d, int64_t first, int64_t n, std::byte* dst) {
+  const int32_t* rows = slot_rows[d].data() + first;
+  for (int64_t i = 0; i < n; ++i, dst += spec.record_bytes) {
+    std::memcpy(dst, c.x + static_cast<int64_t>(rows[i]) * c.H, row_bytes);
+    if (c.weights) std::memcpy(dst + row_bytes, c.weights + rows[i], w_bytes);
+  }
+}
+
+void CombineOp::start_from_bias(float* acc, int64_t t) const {
+  const int64_t H = c.H;
+  if (c.bias.empty()) {
+    std::fill(acc, acc + H, 0.0f);
+    return;
+  }
+  // f32(bias0) + f32(bias1) first, as one value, like refs.py's bias_sum.
+  const uint16_t* b0 = c.bias[0] + t * H;
+  for (int64_t h = 0; h < H; ++h) acc[h] = widen(b0[h]);
+  if (c.bias.size() == 2) add_row(acc, c.bias[1] + t * H, H);
+}
+
+// Adds each rank's BF16 partial in reduction order; the weights come from the owning rank's record.
+void CombineOp::reduce_partials(float* acc, float* w, int64_t t, int* ranks) const {
+  const int n = reduction_order(*plan, t, ranks);
+  for (int i = 0; i < n; ++i)
+    add_row(acc, reinterpret_cast<const uint16_t*>(record(ranks[i], t)), c.H);
+  for (int k = 0; k < c.K && w; ++k) {
+    const int32_t e = plan->topk[t * c.K + k];
+    w[k] =
+        e < 0
+            ? 0.0f
+            : reinterpret_cast<const float*>(record(e / plan->num_local_experts, t) + row_bytes)[k];
+  }
+}
+
+// Adds every slot's row in top-k order: the one reduction of allow_multiple_reduction = false.
+void CombineOp::reduce_slots(float* acc, float* w, int64_t t) const {
+  for (int k = 0; k < c.K; ++k) {
+    const bool routed = plan->topk[t * c.K + k] >= 0;
+    if (routed) add_row(acc, reinterpret_cast<const uint16_t*>(slot(t, k)), c.H);
+    if (!w) continue;
+    w[k] = 0.0f;
+    if (routed) std::memcpy(&w[k], slot(t, k) + row_bytes, 4);  // 2H need not be 4-aligned
+  }
+}
+
 void CombineOp::finish() {
   const int64_t H = c.H, T = c.T;
-  const int K = c.K;
   auto* result = combined_x.data<bf16>();
   std::vector<float> acc(static_cast<size_t>(H));
   std::vector<int> ranks(static_cast<size_t>(std::max(plan->num_ranks, kMaxTopk)));
   for (int64_t t = 0; t < T; ++t) {
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    for (size_t i = 0; i < c.bias.size(); ++i) {
-      for (int64_t hh = 0; hh < H; ++hh) {
-        // f32(bias0) + f32(bias1) first, as one value, like refs.py's bias_sum.
-        acc[hh] = i == 0 ? widen(c.bias[0][t * H + hh]) : acc[hh] + widen(c.bias[1][t * H + hh]);
+    start_from_bias(acc.data(), t);
+    float* w = c.weights ? combined_w.data<float>() + t * c.K : nullptr;
+    if (single) {
+      reduce_slots(acc.data(), w, t);
+    } else {
+      reduce_partials(acc.data(), w, t, ranks.data());
+    }
+    convert_f32_to_bf16(acc.data(), result + t * H, static_cast<size_t>(H));
+  }
+}
+
+// Single reduction, both sides of the stream order: the sender walks its received rows per owner
+// and each row's local slots in top-k order; the owner walks its send list per expert rank and
+// each token's slots on that rank in top-k order, which visits the same slots in the same order.
+// Returns the records each expert rank sends back.
+std::vector<int64_t> plan_slot_streams(CombineOp& op) {
+  const Plan& plan = *op.plan;
+  const int R = plan.num_ranks, K = plan.num_topk, El = plan.num_local_experts;
+  op.slot_rows.assign(R, {});
+  for (int d = 0; d < R; ++d) {
+    const int64_t begin = plan.recv_offset[d], end = begin + plan.recv_count[d];
+    for (int64_t row = begin; row < end; ++row)
+      for (int k = 0; k < K; ++k)
+        if (const int32_t erow = plan.expanded_rows[row * K + k]; erow >= 0)
+          op.slot_rows[d].push_back(erow);
+  }
+  op.slot_record.assign(static_cast<size_t>(plan.num_tokens * K), -1);
+  std::vector<int64_t> records(R, 0);
+  for (int r = 0; r < R; ++r) {
+    for (const int32_t t : plan.send_list[r]) {
+      for (int k = 0; k < K; ++k) {
+        const int32_t e = plan.topk[t * K + k];
+        if (e >= 0 && e / El == r) op.slot_record[t * K + k] = static_cast<int32_t>(records[r]++);
       }
     }
-    const int n = reduction_order(*plan, t, ranks.data());
-    for (int i = 0; i < n; ++i)
-      add_row(acc.data(), reinterpret_cast<const uint16_t*>(record(ranks[i], t)), H);
-    convert_f32_to_bf16(acc.data(), result + t * H, static_cast<size_t>(H));
-    if (!c.weights) continue;
-    float* w = combined_w.data<float>() + t * K;
-    for (int k = 0; k < K; ++k) {
-      const int32_t e = plan->topk[t * K + k];
-      w[k] = e < 0 ? 0.0f
-                   : reinterpret_cast<const float*>(record(e / plan->num_local_experts, t) +
-                                                    row_bytes)[k];
-    }
   }
+  return records;
 }
 
 }  // namespace
@@ -189,16 +277,29 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
   const int R = b.num_ranks, K = c.K;
   const int64_t H = c.H, T = c.T;
 
+  // Non-expand rows were reduced over the local experts by the caller: the flag changes nothing.
+  op->single = plan.expand && !b.config.allow_multiple_reduction;
   op->row_bytes = 2 * static_cast<size_t>(H);
-  op->w_bytes = c.weights ? 4 * static_cast<size_t>(K) : 0;
-  op->pack_acc.resize(static_cast<size_t>(H));
+  // A partial record carries the weights of all K slots, a slot record its own.
+  op->w_bytes = c.weights ? 4 * static_cast<size_t>(op->single ? 1 : K) : 0;
   ExchangeSpec& spec = op->spec;
   spec.header_bytes = header_bytes(R, b.num_local_experts);
   spec.send_headers.assign(spec.header_bytes * R, std::byte{0});
   spec.recv_headers.assign(spec.header_bytes * R, std::byte{0});
   spec.record_bytes = align_up(op->row_bytes + op->w_bytes, 16);
-  spec.send_records = plan.recv_count;
   spec.recv_records.assign(R, 0);
+  // Records each rank sends back to this one.
+  std::vector<int64_t> expected(R);
+  if (op->single) {
+    expected = plan_slot_streams(*op);
+    spec.send_records.assign(R, 0);
+    for (int d = 0; d < R; ++d)
+      spec.send_records[d] = static_cast<int64_t>(op->slot_rows[d].size());
+  } else {
+    for (int r = 0; r < R; ++r) expected[r] = static_cast<int64_t>(plan.send_list[r].size());
+    spec.send_records = plan.recv_count;
+    op->pack_acc.resize(static_cast<size_t>(H));
+  }
   const Signature sig{.kind = 2,
                       .hidden = static_cast<int32_t>(H),
                       .num_topk = K,
@@ -214,13 +315,13 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
   for (int d = 0; d < R; ++d) {
     const HeaderView hv{spec.send_headers.data() + spec.header_bytes * d, R};
     hv.sig() = sig;
-    hv.tail() = {T, plan.recv_count[d]};
+    hv.tail() = {T, spec.send_records[d]};
   }
   op->stage_offset.assign(R, 0);
   int64_t staged = 0;
   for (int r = 0; r < R; ++r) {
     op->stage_offset[r] = staged;
-    staged += static_cast<int64_t>(plan.send_list[r].size());
+    staged += expected[r];
   }
   op->stage = b.pooled({staged * static_cast<int64_t>(spec.record_bytes)}, DType::u8);
   op->combined_x = b.pooled({T, H}, DType::bf16);
@@ -232,15 +333,14 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
   spec.pack = [self](int d, int64_t first, int64_t n, std::byte* dst) {
     self->pack(d, first, n, dst);
   };
-  spec.on_headers = [self, R, rank] {
+  spec.on_headers = [self, R, rank, expected = std::move(expected)] {
     ExchangeSpec& sp = self->spec;
     check_signatures(sp, R, rank, kFn);
     for (int r = 0; r < R; ++r) {
       const HeaderView hv{sp.recv_headers.data() + sp.header_bytes * r, R};
-      const auto expected = static_cast<int64_t>(self->plan->send_list[r].size());
-      DSK_CHECK(hv.tail().num_records == expected, kFn,
+      DSK_CHECK(hv.tail().num_records == expected[r], kFn,
                 "rank " + std::to_string(r) + " sends " + std::to_string(hv.tail().num_records) +
-                    " rows back but received " + std::to_string(expected) +
+                    " rows back but this rank expects " + std::to_string(expected[r]) +
                     " (a handle from another dispatch?)");
       sp.recv_records[r] = hv.tail().num_records;
     }
