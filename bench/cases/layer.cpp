@@ -48,8 +48,9 @@ const char* phase_name(Phase phase) {
 }
 
 // The ops of a MoE layer in forward order (Model::op_seconds names; "head" is outside the layer).
-constexpr const char* kOps[] = {"norm",     "attn.q",   "attn.kv",  "indexer",     "attn.absorb",
-                                "attn.mla", "attn.out", "moe.gate", "moe.experts", "moe.shared"};
+constexpr const char* kOps[] = {"norm",        "attn.q",      "attn.kv",    "indexer",
+                                "attn.absorb", "attn.mla",    "attn.out",   "moe.gate",
+                                "moe.shared",  "moe.experts", "moe.combine"};
 
 // The preset's dimensions with one MoE layer. The vocabulary is cut to 4096: the embedding and the
 // head are not part of the layer, and at the real size they would cost 3.7 GB.
@@ -143,6 +144,7 @@ OpWork pass_work(const model::Config& c, int64_t start, int64_t tokens) {
   work["moe.gate"] = {2 * T * experts * dim, w["moe.gate"]};
   work["moe.experts"] = {2 * T * k * 3 * inter * dim, w["moe.experts"] * experts_read / experts};
   work["moe.shared"] = {2 * T * 3 * inter * c.n_shared_experts * dim, w["moe.shared"]};
+  work["moe.combine"] = {0, 2 * (T * k + 2 * T) * dim};  // expert rows and shared in, out: bf16
   return work;
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <dsk/core/tensor.hpp>
+#include <dsk/ep.hpp>
 #include <dsk/tk.hpp>
 
 namespace dsk::model {
@@ -165,6 +166,15 @@ class Model {
     // that leaves no page raises dsk::Error.
     int64_t memory_limit = 0;
     int64_t max_batch_tokens = 512;
+    // Expert parallelism over a group of ranks (data-parallel attention, DeepSeek's serving
+    // layout): every rank keeps the attention, the dense layers and the shared experts, and rank r
+    // of R keeps the routed experts [r * E / R, (r + 1) * E / R). Each MoE layer dispatches its
+    // tokens with an ep::Buffer (FP8, expand mode), runs the shared expert while the rows travel,
+    // and combines with the shared expert's output as the bias, reducing once in top-k slot order:
+    // a rank's logits equal those of a single-rank Model given the same sequences, bit for bit.
+    // Constructing the Model and every forward call are then collective over the group: all ranks
+    // call forward equally often, a rank with no work passing no items. The Model keeps a copy.
+    const ep::Communicator* expert_parallel = nullptr;
   };
   Model(const Weights& weights, Options options);
   ~Model();
@@ -181,8 +191,12 @@ class Model {
   int64_t max_batch_tokens() const;  // the step size the workspace was planned for
   const MemoryBudget& memory_budget() const;
 
+  // The expert-parallel group (Options::expert_parallel), or null on a single rank.
+  const ep::Communicator* expert_parallel_group() const;
+
   // Runs the items as one batch; returns f32 [items.size(), vocab_size], the logits of each item's
   // last token. Raises dsk::Error (and changes nothing) when the cache cannot hold the tokens.
+  // Items may be empty only with expert parallelism (the rank then serves its peers' experts).
   Tensor forward(std::span<const StepItem> items);
 
   // Wall seconds spent in each op ("attn.q", "indexer", "attn.mla", "moe.experts", ...) by the
@@ -241,7 +255,9 @@ class Scheduler {
   void submit(Request request);
   // Runs one forward step; returns the requests that finished in it.
   std::vector<Completion> step();
-  // Steps until every submitted request has finished; returns them in finishing order.
+  // Steps until every submitted request has finished; returns them in finishing order. With an
+  // expert-parallel model, step and run are collective: a rank keeps stepping (with empty batches)
+  // until every rank of the group is idle.
   std::vector<Completion> run();
   bool idle() const;
   int64_t num_waiting() const;

@@ -1,11 +1,13 @@
 // dsk::model::Model: the DeepSeek-V3.2 forward on the library's kernels (spec/attention.md §5.3,
 // docs/model.md). Every linear layer is act_quant + FP8 GEMM on weights packed once; attention is
 // the absorbed MLA form over the paged FP8 cache with the indexer choosing the keys; the MoE runs
-// the routed experts as two grouped GEMMs over tk's fused mapping.
+// the routed experts as two grouped GEMMs over tk's fused mapping, or, with expert parallelism,
+// over the rows an ep::Buffer dispatch brought from every rank.
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +17,7 @@
 #include <dsk/core/check.hpp>
 #include <dsk/core/threads.hpp>
 #include <dsk/core/timer.hpp>
+#include <dsk/ep.hpp>
 #include <dsk/gemm.hpp>
 #include <dsk/kernels/numeric.hpp>
 #include <dsk/mla.hpp>
@@ -142,8 +145,8 @@ struct Ffn {
   Linear w13, w2;                  // dense MLP, or the shared expert of a MoE layer
   Tensor gate;                     // bf16 [E, dim]
   Tensor gate_bias;                // f32 [E]
-  gemm::PackedWeight experts_w13;  // [E, 2 * moe_inter, dim]
-  gemm::PackedWeight experts_w2;   // [E, dim, moe_inter]
+  gemm::PackedWeight experts_w13;  // [local experts, 2 * moe_inter, dim]
+  gemm::PackedWeight experts_w2;   // [local experts, dim, moe_inter]
 };
 
 struct Layer {
@@ -181,7 +184,8 @@ std::pair<Linear, Linear> load_mlp(const Weights& w, const std::string& p) {
   return {w13, pack_linear(w, p + "down_proj.weight")};
 }
 
-Ffn load_ffn(const Weights& w, const Config& c, int layer) {
+// first_expert, num_experts: the routed experts this rank keeps (all of them on a single rank).
+Ffn load_ffn(const Weights& w, const Config& c, int layer, int first_expert, int num_experts) {
   const std::string p = layer_prefix(layer) + "mlp.";
   Ffn f;
   f.moe = c.is_moe_layer(layer);
@@ -195,7 +199,7 @@ Ffn load_ffn(const Weights& w, const Config& c, int layer) {
   // Each expert packed on its own (w1 | w3 stacked), then grouped without a copy: the raw weights
   // are never held twice (one real MoE layer is 12 GB).
   std::vector<gemm::PackedWeight> w13, w2;
-  for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+  for (int e = first_expert; e < first_expert + num_experts; ++e) {
     const std::string q = p + "experts." + std::to_string(e) + ".";
     w13.push_back(pack_linear(stack_rows({fp8_weight(w, q + "gate_proj.weight"),
                                           fp8_weight(w, q + "up_proj.weight")}))
@@ -222,6 +226,10 @@ struct Model::Impl {
   std::map<std::string, double> op_seconds;  // wall time per op since the last reset
   bool record_decisions = false;
   std::vector<LayerDecisions> decisions;  // of the latest forward, when recording
+  // Expert parallelism: the group, its dispatch / combine buffer, and this rank's experts.
+  std::optional<ep::Communicator> ep_group;
+  std::unique_ptr<ep::Buffer> ep_buffer;
+  int first_expert = 0, num_local_experts = 0;
 
   // Adds the lifetime of the object to op_seconds[name].
   struct OpTimer {
@@ -241,6 +249,7 @@ struct Model::Impl {
     config.validate();
     DSK_CHECK_ARG(options.max_batch_tokens >= 1, kFn, "options.max_batch_tokens", ">= 1",
                   options.max_batch_tokens);
+    place_experts(options);
     embed = w.get("model.embed_tokens.weight");
     final_norm = as_f32(w.get("model.norm.weight"));
     head = w.get("lm_head.weight");
@@ -251,10 +260,36 @@ struct Model::Impl {
       layer.attn_norm = as_f32(w.get(p + "input_layernorm.weight"));
       layer.ffn_norm = as_f32(w.get(p + "post_attention_layernorm.weight"));
       layer.attn = load_attention(w, config, p);
-      layer.ffn = load_ffn(w, config, l);
+      layer.ffn = load_ffn(w, config, l, first_expert, num_local_experts);
       layers.push_back(std::move(layer));
     }
+    if (ep_group) ep_buffer = std::make_unique<ep::Buffer>(*ep_group, ep_buffer_config());
     plan_memory(options);
+  }
+
+  // This rank's share of the routed experts (all of them without expert parallelism).
+  void place_experts(const Options& options) {
+    num_local_experts = config.n_routed_experts;
+    if (!options.expert_parallel) return;
+    ep_group = *options.expert_parallel;
+    const int ranks = ep_group->size();
+    DSK_CHECK_ARG(
+        config.n_routed_experts % ranks == 0, kFn, "options.expert_parallel",
+        "a group whose size divides n_routed_experts = " + std::to_string(config.n_routed_experts),
+        ranks);
+    num_local_experts = config.n_routed_experts / ranks;
+    first_expert = ep_group->rank() * num_local_experts;
+  }
+  // FP8 dispatch of up to max_batch_tokens tokens per rank; a single reduction in the combine
+  // (in top-k slot order, whatever the placement), so results do not depend on the group size.
+  ep::BufferConfig ep_buffer_config() const {
+    return {.num_max_tokens_per_rank = max_batch_tokens,
+            .hidden = config.dim,
+            .num_topk = config.n_activated_experts,
+            .num_experts = config.n_routed_experts,
+            .use_fp8_dispatch = true,
+            .deterministic = true,
+            .allow_multiple_reduction = false};
   }
 
   MemoryBudget budget;
@@ -280,7 +315,12 @@ struct Model::Impl {
   // o_lat bf16 [T, h, 512]: flash_mla_with_kvcache over the FP8 cache with the indexer's slots.
   Tensor sparse_attention(int l, const Tensor& q_mla, const Tensor& indices, const Batch& b);
   Tensor ffn(int l, const Tensor& x_n);
-  Tensor routed_experts(const Ffn& f, const Tensor& x_n, const tk::FusedMapping& map);
+  tk::GateResult route(int l, const Tensor& x_n);
+  // The MoE on this rank's experts alone, or across the expert-parallel group.
+  Tensor moe_local(const Ffn& f, const Tensor& x_n, const tk::GateResult& gate);
+  Tensor moe_expert_parallel(const Ffn& f, const Tensor& x_n, const tk::GateResult& gate);
+  // A step without tokens of its own: every MoE layer's exchange, serving the peers' rows.
+  void serve_peers();
   // The indexer's choice for every token: int32 [T, index_topk] global slots, -1 padded.
   Tensor indexer(int l, const Tensor& x_n, const Tensor& qr, const Batch& b);
   // The indexer's global slots as positions in each token's sequence (-1 stays -1).
@@ -334,7 +374,7 @@ int64_t Model::Impl::workspace_bytes() const {
 void Model::Impl::plan_memory(const Options& options) {
   budget.weights = weight_bytes();
   budget.workspace = workspace_bytes();
-  budget.communication = 0;
+  budget.communication = ep_buffer ? ep_buffer->num_bytes() : 0;
   const int64_t fixed = budget.weights + budget.workspace;
   budget.reserve = std::max<int64_t>(int64_t{64} << 20, fixed / 20);
   const int64_t page_bytes = KvCache::page_bytes(config.n_layers);
@@ -352,7 +392,8 @@ void Model::Impl::plan_memory(const Options& options) {
 }
 
 Model::Impl::Batch Model::Impl::plan(std::span<const StepItem> items) {
-  DSK_CHECK_ARG(!items.empty(), kFn, "items", "at least one item", 0);
+  DSK_CHECK_ARG(!items.empty(), kFn, "items",
+                "at least one item (none only with options.expert_parallel)", 0);
   Batch b;
   int64_t pages = 0;
   std::vector<int64_t> seen;
@@ -403,6 +444,11 @@ Tensor Model::Impl::embed_tokens(std::span<const StepItem> items, const Batch& b
 }
 
 Tensor Model::Impl::forward(std::span<const StepItem> items) {
+  if (items.empty() && ep_buffer) {
+    decisions.clear();
+    serve_peers();
+    return Tensor::empty({0, config.vocab_size}, DType::f32);
+  }
   const Batch b = plan(items);
   decisions.assign(record_decisions ? static_cast<size_t>(config.n_layers) : 0, {});
   Tensor h = embed_tokens(items, b);
@@ -645,15 +691,19 @@ Tensor Model::Impl::sparse_attention(int l, const Tensor& q_mla, const Tensor& i
 
 namespace {
 
-// The dense MLP, or a shared expert: w2(silu(w1 x) * w3 x), the product quantized for w2.
-// silu(gate) * up in f32, rounded to bf16 (spec §5.3 step 7), then act_quant for the down
-// projection. pos_to_expert (expert rows): padding rows are zero.
+// silu(gate) * up in f32 (times each row's routing weight when given), rounded to bf16 (spec §5.3
+// step 7), then act_quant for the down projection. pos_to_expert (expert rows): padding rows are
+// zero.
 gemm::Fp8Tensor swiglu_quant(const Tensor& gate_up,
-                             const std::optional<Tensor>& pos_to_expert = std::nullopt) {
-  const Tensor product = to_bf16(tk::swiglu_forward(gate_up, pos_to_expert));
+                             const std::optional<Tensor>& pos_to_expert = std::nullopt,
+                             const std::optional<Tensor>& row_slot = std::nullopt,
+                             const std::optional<Tensor>& slot_weights = std::nullopt) {
+  const Tensor product =
+      to_bf16(tk::swiglu_forward(gate_up, pos_to_expert, std::nullopt, row_slot, slot_weights));
   return tk::per_token_cast(product, "e4m3", kQuantBlock, false, /*round_sf=*/true);
 }
 
+// The dense MLP, or a shared expert: w2(silu(w1 x) * w3 x), the product quantized for w2.
 Tensor mlp(const Tensor& x_n, const Linear& w13, const Linear& w2) {
   const auto act = swiglu_quant(linear(x_n, w13));
   Tensor y = Tensor::empty({x_n.size(0), w2.n}, DType::bf16);
@@ -661,31 +711,66 @@ Tensor mlp(const Tensor& x_n, const Linear& w13, const Linear& w2) {
   return y;
 }
 
-// The MoE output: the routed experts' rows weighted and summed in f32 in slot order, plus the
-// shared expert, rounded to bf16 once (the demo's bf16(y + shared(x))). rows bf16 [R, dim],
-// weights f32 [T, k], pos int32 [T, k] (-1: no row), shared bf16 [T, dim].
-Tensor combine_experts(const Tensor& rows, const Tensor& weights, const Tensor& pos,
-                       const Tensor& shared) {
+// The routed experts over expert rows in the contiguous grouped layout: w1|w3, SwiGLU times the
+// row's routing weight (applied before the down projection, as DeepEP and TileKernels do, so the
+// combine only sums), w2. xe FP8 [R, dim]; row_expert int32 [R], the local expert or -1 (padding);
+// row_slot int32 [R], each row's index into slot_weights.view(-1), or -1. Returns bf16 [R, dim].
+Tensor expert_rows(const Ffn& f, const gemm::Fp8Tensor& xe, const Tensor& row_expert,
+                   const Tensor& row_slot, const Tensor& slot_weights, int64_t moe_inter_dim) {
+  const int64_t rows = xe.data.size(0), dim = xe.data.size(1);
+  if (rows == 0) return Tensor::empty({0, dim}, DType::bf16);
+  Tensor he = Tensor::empty({rows, 2 * moe_inter_dim}, DType::bf16);
+  gemm::m_grouped_fp8_gemm_nt_contiguous(xe, f.experts_w13, he, row_expert);
+  const auto ae = swiglu_quant(he, row_expert, row_slot, slot_weights);
+  Tensor ye = Tensor::empty({rows, dim}, DType::bf16);
+  gemm::m_grouped_fp8_gemm_nt_contiguous(ae, f.experts_w2, ye, row_expert);
+  return ye;
+}
+
+// The MoE output as ep::Buffer::combine computes it with a single reduction: the shared expert's
+// output in f32, plus each weighted expert row in top-k slot order, rounded to bf16 once. rows
+// bf16 [R, dim]; pos int32 [T, k], the row of each slot (-1: none); shared bf16 [T, dim].
+Tensor sum_slots(const Tensor& rows, const Tensor& pos, const Tensor& shared) {
   const int64_t T = shared.size(0), dim = shared.size(1), k = pos.size(1);
   Tensor out = Tensor::empty({T, dim}, DType::bf16);
   parallel_for(T, [&](int64_t t0, int64_t t1, int) {
     std::vector<float> acc(static_cast<size_t>(dim));
     for (int64_t t = t0; t < t1; ++t) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
+      const bf16* s = shared.data<bf16>() + t * dim;
+      for (int64_t c = 0; c < dim; ++c) acc[static_cast<size_t>(c)] = bf16_to_f32(s[c]);
       for (int64_t j = 0; j < k; ++j) {
         const int32_t p = pos.data<int32_t>()[t * k + j];
         if (p < 0) continue;
-        const float w = weights.data<float>()[t * k + j];
         const bf16* x = rows.data<bf16>() + p * rows.stride(0);
-        for (int64_t c = 0; c < dim; ++c) acc[static_cast<size_t>(c)] += bf16_to_f32(x[c]) * w;
+        for (int64_t c = 0; c < dim; ++c) acc[static_cast<size_t>(c)] += bf16_to_f32(x[c]);
       }
-      const bf16* s = shared.data<bf16>() + t * dim;
-      bf16* o = out.data<bf16>() + t * dim;
-      for (int64_t c = 0; c < dim; ++c)
-        o[c] = f32_to_bf16(acc[static_cast<size_t>(c)] + bf16_to_f32(s[c]));
+      convert_f32_to_bf16(acc.data(), out.data<bf16>() + t * dim, static_cast<size_t>(dim));
     }
   });
   return out;
+}
+
+// The expert and the slot of each row a dispatch received in expand mode: expert e's rows are
+// [align(psum[e - 1]), psum[e]); the rows between the blocks are padding (-1). The slot of a row
+// is the row itself (its weight is recv_topk_weights[row]).
+std::pair<Tensor, Tensor> received_row_layout(const Tensor& psum, int64_t rows, int alignment) {
+  Tensor expert = Tensor::empty({rows}, DType::i32), slot = Tensor::empty({rows}, DType::i32);
+  int32_t* e_of = expert.data<int32_t>();
+  int32_t* s_of = slot.data<int32_t>();
+  std::fill(e_of, e_of + rows, -1);
+  std::fill(s_of, s_of + rows, -1);
+  int64_t begin = 0;
+  for (int64_t e = 0; e < psum.numel(); ++e) {
+    const int64_t end = psum.data<int32_t>()[e];
+    DSK_CHECK(begin <= end && end <= rows, kFn,
+              "a dispatch returned an inconsistent expert layout");
+    for (int64_t r = begin; r < end; ++r) {
+      e_of[r] = static_cast<int32_t>(e);
+      s_of[r] = static_cast<int32_t>(r);
+    }
+    begin = (end + alignment - 1) / alignment * alignment;
+  }
+  return {expert, slot};
 }
 
 }  // namespace
@@ -696,9 +781,15 @@ Tensor Model::Impl::ffn(int l, const Tensor& x_n) {
     const auto t = time("ffn.dense");
     return mlp(x_n, f.w13, f.w2);
   }
+  const tk::GateResult gate = route(l, x_n);
+  return ep_buffer ? moe_expert_parallel(f, x_n, gate) : moe_local(f, x_n, gate);
+}
+
+// f32 logits of bf16 x and weight, DeepSeek-V3's noaux_tc rule.
+tk::GateResult Model::Impl::route(int l, const Tensor& x_n) {
+  const Ffn& f = layers[static_cast<size_t>(l)].ffn;
   tk::GateResult gate;
   {
-    // f32 logits of bf16 x and weight, DeepSeek-V3's noaux_tc rule.
     const auto t = time("moe.gate");
     Tensor logits = Tensor::empty({x_n.size(0), config.n_routed_experts}, DType::f32);
     gemm::bf16_gemm_nt(x_n, f.gate, logits);
@@ -707,30 +798,76 @@ Tensor Model::Impl::ffn(int l, const Tensor& x_n) {
                              static_cast<float>(config.route_scale), config.score_func);
   }
   if (record_decisions) decisions[static_cast<size_t>(l)].experts = gate.topk_idx.clone();
-  Tensor expert_rows;
-  tk::FusedMapping map;
-  {
-    const auto t = time("moe.experts");
-    map = tk::get_fused_mapping(gate.topk_idx, config.n_routed_experts);
-    expert_rows = routed_experts(f, x_n, map);
-  }
-  const auto t = time("moe.shared");
-  return combine_experts(expert_rows, gate.topk_weights, map.token_topk_to_pos,
-                         mlp(x_n, f.w13, f.w2));
+  return gate;
 }
 
-Tensor Model::Impl::routed_experts(const Ffn& f, const Tensor& x_n, const tk::FusedMapping& map) {
-  // Token rows expanded into per-expert blocks, then two grouped GEMMs: bf16 [rows, dim].
-  const auto xq = tk::per_token_cast(x_n, "e4m3", kQuantBlock, false, true);
-  const auto xe =
-      tk::expand_to_fused_with_sf(xq, kQuantBlock, map.token_topk_to_pos, map.pos_to_expert);
-  const int64_t rows = xe.data.size(0);
-  Tensor he = Tensor::empty({rows, 2 * config.moe_inter_dim}, DType::bf16);
-  gemm::m_grouped_fp8_gemm_nt_contiguous(xe, f.experts_w13, he, map.pos_to_expert);
-  const auto ae = swiglu_quant(he, map.pos_to_expert);
-  Tensor ye = Tensor::empty({rows, config.dim}, DType::bf16);
-  gemm::m_grouped_fp8_gemm_nt_contiguous(ae, f.experts_w2, ye, map.pos_to_expert);
-  return ye;
+Tensor Model::Impl::moe_local(const Ffn& f, const Tensor& x_n, const tk::GateResult& gate) {
+  Tensor shared;
+  {
+    const auto t = time("moe.shared");
+    shared = mlp(x_n, f.w13, f.w2);
+  }
+  Tensor rows;
+  tk::FusedMapping map;
+  {
+    // Token rows expanded into per-expert blocks, then the two grouped GEMMs.
+    const auto t = time("moe.experts");
+    map = tk::get_fused_mapping(gate.topk_idx, config.n_routed_experts);
+    const auto xq = tk::per_token_cast(x_n, "e4m3", kQuantBlock, false, /*round_sf=*/true);
+    const auto xe =
+        tk::expand_to_fused_with_sf(xq, kQuantBlock, map.token_topk_to_pos, map.pos_to_expert);
+    rows = expert_rows(f, xe, map.pos_to_expert, map.pos_to_token_topk, gate.topk_weights,
+                       config.moe_inter_dim);
+  }
+  const auto t = time("moe.combine");
+  return sum_slots(rows, map.token_topk_to_pos, shared);
+}
+
+// DeepEP's overlap (spec/ep.md §2.3): dispatch, the shared expert while the rows travel, the local
+// experts on every rank's rows, combine with the shared expert's output as the bias.
+Tensor Model::Impl::moe_expert_parallel(const Ffn& f, const Tensor& x_n,
+                                        const tk::GateResult& gate) {
+  const int64_t T = x_n.size(0);
+  ep::DispatchResult d;
+  {
+    const auto t = time("moe.dispatch");
+    const gemm::Fp8Tensor xq =
+        T > 0 ? tk::per_token_cast(x_n, "e4m3", kQuantBlock, false, /*round_sf=*/true)
+              : gemm::Fp8Tensor{Tensor::empty({0, config.dim}, DType::e4m3),
+                                Tensor::empty({0, config.dim / kQuantBlock}, DType::f32)};
+    d = ep_buffer->dispatch(xq, {.topk_idx = gate.topk_idx,
+                                 .topk_weights = gate.topk_weights,
+                                 .do_expand = true,
+                                 .async_finish = true});
+  }
+  Tensor shared = Tensor::empty({0, config.dim}, DType::bf16);
+  if (T > 0) {
+    const auto t = time("moe.shared");
+    shared = mlp(x_n, f.w13, f.w2);
+  }
+  {
+    const auto t = time("moe.dispatch");
+    d.wait();
+  }
+  Tensor rows;
+  {
+    const auto t = time("moe.experts");
+    const auto [row_expert, row_slot] = received_row_layout(
+        d.handle.psum_num_recv_tokens_per_expert, d.recv_x.size(0), d.handle.expert_alignment);
+    rows = expert_rows(f, {d.recv_x, *d.recv_x_sf}, row_expert, row_slot, *d.recv_topk_weights,
+                       config.moe_inter_dim);
+  }
+  const auto t = time("moe.combine");
+  return ep_buffer->combine(rows, d.handle, {.bias = {shared}}).combined_x;
+}
+
+void Model::Impl::serve_peers() {
+  const int K = config.n_activated_experts;
+  const tk::GateResult none{.topk_idx = Tensor::empty({0, K}, DType::i64),
+                            .topk_weights = Tensor::empty({0, K}, DType::f32)};
+  const Tensor x_n = Tensor::empty({0, config.dim}, DType::bf16);
+  for (const Layer& layer : layers)
+    if (layer.ffn.moe) moe_expert_parallel(layer.ffn, x_n, none);
 }
 
 Model::Model(const Weights& weights, Options options)
@@ -762,6 +899,9 @@ int64_t Model::total_pages() const {
 }
 const MemoryBudget& Model::memory_budget() const {
   return impl_->budget;
+}
+const ep::Communicator* Model::expert_parallel_group() const {
+  return impl_->ep_group ? &*impl_->ep_group : nullptr;
 }
 
 namespace {

@@ -224,15 +224,21 @@ std::vector<Completion> Scheduler::Impl::finish_step(const Tensor& logits, doubl
 std::vector<Completion> Scheduler::step() {
   impl_->admit();
   const std::vector<StepItem> items = impl_->plan_step();
-  if (items.empty()) return {};
+  // An expert-parallel rank with nothing to run still serves its peers' experts.
+  if (items.empty() && !impl_->model.expert_parallel_group()) return {};
   Timer timer;
   const Tensor logits = impl_->model.forward(items);
   return impl_->finish_step(logits, timer.seconds());
 }
 
 std::vector<Completion> Scheduler::run() {
+  const ep::Communicator* group = impl_->model.expert_parallel_group();
+  const auto anyone_busy = [&] {
+    const double busy = idle() ? 0.0 : 1.0;
+    return (group ? group->allreduce_max(busy) : busy) > 0;
+  };
   std::vector<Completion> all;
-  while (!idle())
+  while (anyone_busy())
     for (Completion& c : step()) all.push_back(std::move(c));
   return all;
 }

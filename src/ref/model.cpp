@@ -86,14 +86,18 @@ detail::LayerWeights layer_weights(const dsk::model::Weights& weights, int layer
 
 // ---- FFN ----
 
-// w2(bf16(silu(w1 x) * w3 x)): the SiLU and the product in f32 as the demo computes them.
-Matrix run_mlp(const MlpWeights& w, const Matrix& x) {
+// w2(bf16(silu(w1 x) * w3 x * weight)): the SiLU and the product in f32 as the demo computes
+// them; a routed expert's row is scaled by its routing weight before the down projection (the
+// kernels' order, DeepEP's and TileKernels': the combine then only sums).
+Matrix run_mlp(const MlpWeights& w, const Matrix& x,
+               const std::vector<float>* row_weights = nullptr) {
   const Matrix a = detail::fp8_linear(x, w.w1), b = detail::fp8_linear(x, w.w3);
   Matrix g(a.rows, a.cols);
   for (size_t i = 0; i < g.values.size(); ++i) {
     const double ai = a.values[i];
     const auto silu = static_cast<float>(ai / (1.0 + std::exp(-ai)));
     g.values[i] = silu * b.values[i];
+    if (row_weights) g.values[i] *= (*row_weights)[i / static_cast<size_t>(g.cols)];
   }
   detail::round_to_bf16(g);
   return detail::fp8_linear(g, w.w2);
@@ -175,16 +179,18 @@ Matrix Reference::Impl::ffn(int layer, const Matrix& x_n) const {
   parallel_for(config.n_routed_experts, [&](int64_t e0, int64_t e1, int) {
     for (int64_t e = e0; e < e1; ++e)
       if (!routed[e].rows.empty())
-        routed[e].out = run_mlp(w.experts[e], gather_rows(x_n, routed[e].rows));
+        routed[e].out = run_mlp(w.experts[e], gather_rows(x_n, routed[e].rows), &routed[e].weight);
   });
-  // y = sum over experts in increasing id of weight * Expert_e(x) (bf16 outputs, f32 sums, as the
-  // demo's loop over experts), then bf16(y + shared expert).
-  Matrix y(x_n.rows, x_n.cols);
-  for (const Routed& r : routed)
-    for (size_t i = 0; i < r.rows.size(); ++i)
-      for (int64_t c = 0; c < y.cols; ++c)
-        y.row(r.rows[i])[c] += r.out.row(static_cast<int64_t>(i))[c] * r.weight[i];
-  Matrix out = detail::add(y, run_mlp(w.shared, x_n));
+  // The shared expert's output, plus each slot's weighted expert output in top-k slot order (bf16
+  // outputs, f32 sums), rounded once: ep::Buffer::combine's single reduction.
+  std::vector<size_t> next(routed.size(), 0);  // each expert's next row, in token order
+  Matrix out = run_mlp(w.shared, x_n);
+  for (int64_t t = 0; t < x_n.rows; ++t)
+    for (int64_t j = 0; j < slots; ++j) {
+      const int64_t e = gate.topk_idx.at<int64_t>({t, j});
+      const float* row = routed[e].out.row(static_cast<int64_t>(next[e]++));
+      for (int64_t c = 0; c < out.cols; ++c) out.row(t)[c] += row[c];
+    }
   detail::round_to_bf16(out);
   return out;
 }

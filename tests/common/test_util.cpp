@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 
 namespace dsk::test {
@@ -15,6 +16,12 @@ std::vector<Backend> supported_backends() {
   for (Backend b : {Backend::generic, Backend::avx512, Backend::amx})
     if (backend_supported(b)) out.push_back(b);
   return out;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return false;
+  const Tensor x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
 }
 
 ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {

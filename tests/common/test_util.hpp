@@ -74,6 +74,9 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// Same shape, dtype and bytes (NaN payloads included): the check of a bitwise-repeatable result.
+bool bitwise_equal(const Tensor& a, const Tensor& b);
+
 // Runs a shell command; returns its exit status and captures stdout+stderr into *output.
 int run_command(const std::string& command, std::string* output = nullptr);
 

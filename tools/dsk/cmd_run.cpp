@@ -3,11 +3,16 @@
 // ids out (no tokenizer). Each input line is one request (token ids separated by spaces or
 // commas); each output line holds the generated ids of the request on the same input line. A
 // progress bar goes to stderr, the latency and throughput summary to stdout (or --json).
+//
+// Under `mpirun -np R` the ranks serve together with expert parallelism: request i runs on rank
+// i % R, each rank keeps 1/R of the routed experts, and rank 0 gathers and prints every output
+// (the same lines as a single-rank run, in deterministic mode bit for bit).
 #include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -18,7 +23,9 @@
 #include <nlohmann/json.hpp>
 
 #include <dsk/core/error.hpp>
+#include <dsk/core/threads.hpp>
 #include <dsk/core/timer.hpp>
+#include <dsk/ep.hpp>
 #include <dsk/model.hpp>
 
 #include "commands.hpp"
@@ -67,6 +74,58 @@ double percentile(std::vector<double> v, double q) {
                     static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5))];
 }
 
+// The expert-parallel group when started by mpirun with more than one rank.
+std::optional<ep::Communicator> launch_group() {
+  if (!ep::Communicator::launched_by_mpi()) return std::nullopt;
+  ep::Communicator world = ep::Communicator::world();
+  if (world.size() == 1) return std::nullopt;
+  return world;
+}
+
+// Every rank's completions on rank 0 (others get theirs back unchanged), as doubles:
+// id, n tokens, tokens, first-token seconds, n latencies, latencies.
+std::map<int64_t, model::Completion> gather_on_rank0(
+    const ep::Communicator& group, const std::map<int64_t, model::Completion>& mine) {
+  std::vector<double> flat;
+  for (const auto& [id, c] : mine) {
+    flat.push_back(static_cast<double>(id));
+    flat.push_back(static_cast<double>(c.tokens.size()));
+    flat.insert(flat.end(), c.tokens.begin(), c.tokens.end());
+    flat.push_back(c.first_token_seconds);
+    flat.push_back(static_cast<double>(c.token_seconds.size()));
+    flat.insert(flat.end(), c.token_seconds.begin(), c.token_seconds.end());
+  }
+  const int R = group.size();
+  // Counts first (a fixed 8 bytes from every rank to rank 0), then the records.
+  std::vector<int64_t> send_n(R, 0), recv_n(R, 0);
+  send_n[0] = 8;
+  if (group.rank() == 0) std::fill(recv_n.begin(), recv_n.end(), 8);
+  const int64_t my_bytes = static_cast<int64_t>(flat.size() * sizeof(double));
+  std::vector<int64_t> sizes(R, 0);
+  group.alltoallv(&my_bytes, send_n, sizes.data(), recv_n);
+  send_n[0] = my_bytes;
+  if (group.rank() == 0) recv_n = sizes;
+  int64_t total = 0;
+  for (int64_t n : recv_n) total += n;
+  std::vector<double> all(static_cast<size_t>(total) / sizeof(double));
+  group.alltoallv(flat.data(), send_n, all.data(), recv_n);
+  if (group.rank() != 0) return mine;
+  std::map<int64_t, model::Completion> out;
+  for (size_t i = 0; i < all.size();) {
+    model::Completion c;
+    c.id = static_cast<int64_t>(all[i++]);
+    const auto n = static_cast<size_t>(all[i++]);
+    for (size_t j = 0; j < n; ++j) c.tokens.push_back(static_cast<int32_t>(all[i++]));
+    c.first_token_seconds = all[i++];
+    const auto m = static_cast<size_t>(all[i++]);
+    c.token_seconds.assign(all.begin() + static_cast<std::ptrdiff_t>(i),
+                           all.begin() + static_cast<std::ptrdiff_t>(i + m));
+    i += m;
+    out[c.id] = std::move(c);
+  }
+  return out;
+}
+
 void run_command(const RunOptions& o) {
   std::vector<std::vector<int32_t>> prompts;
   if (o.prompt_ids == "-") {
@@ -77,28 +136,47 @@ void run_command(const RunOptions& o) {
     prompts = read_prompts(in, o.prompt_ids);
   }
   Timer load;
+  const std::optional<ep::Communicator> group = launch_group();
+  const int rank = group ? group->rank() : 0, ranks = group ? group->size() : 1;
+  if (group) use_deterministic_algorithms(true);
   const model::Weights weights = model::load_checkpoint(o.checkpoint);
   model::Model::Options options{.max_batch_tokens = o.batch_tokens};
+  if (group) options.expert_parallel = &*group;
   if (o.memory_gb > 0) options.memory_limit = static_cast<int64_t>(o.memory_gb * (1 << 30));
   model::Model m(weights, options);
-  fmt::print(stderr, "dsk run: {} loaded in {:.1f} s; memory budget: {}\n", o.checkpoint,
-             load.seconds(), m.memory_budget().describe());
+  if (rank == 0)
+    fmt::print(stderr, "dsk run: {} loaded in {:.1f} s{}; memory budget per rank: {}\n",
+               o.checkpoint, load.seconds(),
+               group ? fmt::format(", experts over {} ranks", ranks) : std::string(),
+               m.memory_budget().describe());
 
   model::Scheduler scheduler(m);
-  for (size_t i = 0; i < prompts.size(); ++i)
+  int64_t my_requests = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (static_cast<int>(i % static_cast<size_t>(ranks)) != rank) continue;
     scheduler.submit({static_cast<int64_t>(i), prompts[i], o.max_new_tokens, o.sampling});
+    ++my_requests;
+  }
   Timer serve;
-  const bool progress = isatty(fileno(stderr));  // a bar on a terminal, nothing in a log
+  // A bar on a terminal (rank 0's own requests), nothing in a log.
+  const bool progress = rank == 0 && isatty(fileno(stderr));
   std::map<int64_t, model::Completion> done;
-  while (!scheduler.idle()) {
+  // Under mpirun every rank steps until the whole group is idle (Scheduler::run's rule).
+  const auto anyone_busy = [&] {
+    const double busy = scheduler.idle() ? 0.0 : 1.0;
+    return (group ? group->allreduce_max(busy) : busy) > 0;
+  };
+  while (anyone_busy()) {
     for (model::Completion& c : scheduler.step()) done[c.id] = std::move(c);
-    if (!progress) continue;
-    const size_t width = 30, filled = width * done.size() / prompts.size();
+    if (!progress || my_requests == 0) continue;
+    const size_t width = 30, filled = width * done.size() / static_cast<size_t>(my_requests);
     fmt::print(stderr, "\r[{}{}] {}/{} requests", std::string(filled, '#'),
-               std::string(width - filled, ' '), done.size(), prompts.size());
+               std::string(width - filled, ' '), done.size(), my_requests);
   }
   if (progress) fmt::print(stderr, "\n");
-  const double seconds = serve.seconds();
+  const double seconds = group ? group->allreduce_max(serve.seconds()) : serve.seconds();
+  if (group) done = gather_on_rank0(*group, done);
+  if (rank != 0) return;
 
   std::vector<double> latency, ttft;
   int64_t generated = 0, prompt_tokens = 0;
