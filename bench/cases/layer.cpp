@@ -3,22 +3,28 @@
 // 1 over a cached context and for a chunked prefill, and split by op (Model::op_seconds). Decode is
 // bounded by DRAM reads (the weights one token uses plus the KV cache it reads), prefill by the
 // bf16 compute roof (amx_bf16, else avx512_bf16) over the layer's FLOPs. docs/model.md describes
-// the cases and how their work is counted.
+// the cases and how their work is counted. With set_layer_checkpoint (`dsk bench --checkpoint
+// DIR`), the preset of the checkpoint's dimensions reads its weights from that one-layer checkpoint
+// (memory-mapped) instead of generating them, so a real-size layer fits in less memory.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include <dsk/core/check.hpp>
 #include <dsk/core/cpu.hpp>
 #include <dsk/model.hpp>
 
+#include "bench/cases/layer.hpp"
 #include "bench/harness.hpp"
 
 namespace dsk::bench {
@@ -54,12 +60,36 @@ constexpr const char* kOps[] = {"norm",        "attn.q",      "attn.kv",    "ind
 
 // The preset's dimensions with one MoE layer. The vocabulary is cut to 4096: the embedding and the
 // head are not part of the layer, and at the real size they would cost 3.7 GB.
-model::Config layer_config(const Plan& plan) {
+model::Config preset_layer_config(const Plan& plan) {
   model::Config c = model::preset(plan.preset);
   c.n_layers = 1;
   c.n_dense_layers = 0;
   c.vocab_size = 4096;
   return c;
+}
+
+// The checkpoint set by set_layer_checkpoint and its configuration.
+struct LayerCheckpoint {
+  std::filesystem::path dir;
+  model::Config config;
+};
+std::optional<LayerCheckpoint> g_checkpoint;
+
+// Whether `c` has the layer shapes of preset `plan` (the vocabulary aside).
+bool same_layer(const model::Config& c, const Plan& plan) {
+  model::Config want = preset_layer_config(plan), got = c;
+  want.vocab_size = got.vocab_size = 0;
+  want.name = got.name = "";
+  return model::config_to_json(want) == model::config_to_json(got);
+}
+
+const LayerCheckpoint* checkpoint_for(const Plan& plan) {
+  return g_checkpoint && same_layer(g_checkpoint->config, plan) ? &*g_checkpoint : nullptr;
+}
+
+model::Config layer_config(const Plan& plan) {
+  if (const LayerCheckpoint* ck = checkpoint_for(plan)) return ck->config;
+  return preset_layer_config(plan);
 }
 
 std::string bf16_roof() {
@@ -184,12 +214,15 @@ double available_memory_bytes() {
   return kib * 1024;
 }
 
-// Peak memory of building the layer: the random weights, and the Model's packed copy of the
-// experts (gemm::stack_packed_weights groups the experts packed one by one, so the raw weights are
-// never stacked), plus 1 GiB for the rest (attention packing, workspace, cache).
-double build_bytes(const model::Config& c) {
+// Peak memory of building the layer: the random weights (none from a checkpoint: its pages are
+// memory-mapped and reclaimable), and the Model's packed copy of the experts
+// (gemm::stack_packed_weights groups the experts packed one by one, so the raw weights are never
+// stacked), plus 1 GiB for the rest (attention packing, workspace, cache).
+double build_bytes(const Plan& plan) {
+  const model::Config c = layer_config(plan);
   double weights = 0;
-  for (const model::TensorSpec& s : model::checkpoint_tensors(c)) weights += spec_bytes(s);
+  if (!checkpoint_for(plan))
+    for (const model::TensorSpec& s : model::checkpoint_tensors(c)) weights += spec_bytes(s);
   return weights + weight_bytes_by_op(c)["moe.experts"] + double(int64_t{1} << 30);
 }
 
@@ -212,8 +245,10 @@ class LayerRun {
   explicit LayerRun(const Plan& plan) : plan_(plan), rng_(fresh_rng()()) {
     const model::Config config = layer_config(plan);
     const int64_t pages = (plan.context + plan.drift + 63) / 64 + (plan.prefill_tokens + 63) / 64;
+    const LayerCheckpoint* checkpoint = checkpoint_for(plan);
     model_ = std::make_unique<model::Model>(
-        model::random_weights(config, rng_()),
+        checkpoint ? model::load_checkpoint(checkpoint->dir)
+                   : model::random_weights(config, rng_()),
         model::Model::Options{.kv_cache_pages = pages + 2, .max_batch_tokens = plan.chunk_tokens});
   }
 
@@ -287,7 +322,7 @@ std::shared_ptr<LayerRun> layer_run(const Plan& plan) {
 // Why this machine cannot build the preset's layer, or "".
 std::string memory_shortfall(const Plan& plan) {
   if (cached_run(plan)) return "";
-  const double need = build_bytes(layer_config(plan)), have = available_memory_bytes();
+  const double need = build_bytes(plan), have = available_memory_bytes();
   if (have <= 0 || need <= have) return "";
   return fmt::format("needs {:.0f} GB to build, {:.0f} GB free", need * 1e-9, have * 1e-9);
 }
@@ -381,6 +416,20 @@ void register_layer_cases(Registry& r) {
       r.add(layer_case(plan, phase));
       for (const char* op : kOps) r.add(op_case(plan, phase, op));
     }
+}
+
+void set_layer_checkpoint(const std::filesystem::path& dir) {
+  const model::Config config = model::load_config(dir / "config.json");
+  bool known = false;
+  for (const Plan& plan : kPlans) known = known || same_layer(config, plan);
+  std::string presets;
+  for (const Plan& plan : kPlans) presets += std::string(presets.empty() ? "" : ", ") + plan.preset;
+  DSK_CHECK_ARG(known, "bench", "--checkpoint",
+                "a checkpoint of one MoE layer of a preset (" + presets +
+                    "): dsk make-checkpoint --preset v32 --layers 1 DIR",
+                dir.string() + " (" + std::to_string(config.n_layers) + " layers, dim " +
+                    std::to_string(config.dim) + ")");
+  g_checkpoint = LayerCheckpoint{dir, config};
 }
 
 }  // namespace dsk::bench

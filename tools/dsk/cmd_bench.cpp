@@ -1,4 +1,5 @@
-// `dsk bench [MODULE...] [--json F] [--plot F] [--quick] [--filter RE] [--preset P] [--list]`:
+// `dsk bench [MODULE...] [--json F] [--plot F] [--quick] [--filter RE] [--preset P]
+// [--checkpoint DIR] [--list]`:
 // measures the ceilings, then times each case of the chosen modules against them and against its
 // peer.
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <dsk/core/error.hpp>
 #include <dsk/model.hpp>
 
+#include "bench/cases/layer.hpp"
 #include "bench/runner.hpp"
 #include "commands.hpp"
 #include "shared.hpp"
@@ -91,7 +93,14 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--preset", *preset, "run only the layer module's cases of model preset NAME")
       ->type_name("NAME")
       ->check(CLI::IsMember(model::preset_names()));
-  cmd->callback([options, preset] {
+  auto checkpoint = std::make_shared<std::string>();
+  cmd->add_option("--checkpoint", *checkpoint,
+                  "the layer module reads the weights of the preset with these layer shapes from "
+                  "this one-layer checkpoint (dsk make-checkpoint --preset v32 --layers 1 DIR)")
+      ->type_name("DIR")
+      ->check(CLI::ExistingDirectory);
+  cmd->callback([options, preset, checkpoint] {
+    if (!checkpoint->empty()) bench::set_layer_checkpoint(*checkpoint);
     if (!preset->empty()) options->filter = layer_preset_filter(*preset, options->filter);
     run_bench_command(*options);
   });
