@@ -435,6 +435,13 @@ TEST(MakeCheckpoint, WritesTheRandomWeights) {
   ASSERT_EQ(test::run_command(fmt::format("{} model-info {}", kProgram, out.string()), &output), 0)
       << output;
   EXPECT_NE(output.find("loaded and checked"), std::string::npos) << output;
+  // Four layers are not the one layer `dsk bench --checkpoint` takes.
+  EXPECT_EQ(test::run_command(fmt::format("{{ {} bench layer --list --checkpoint {} >/dev/null; }}",
+                                          kProgram, out.string()),
+                              &output),
+            2);
+  EXPECT_NE(output.find("--checkpoint"), std::string::npos) << output;
+  EXPECT_NE(output.find("4 layers"), std::string::npos) << output;
 }
 
 TEST(MakeCheckpoint, LayersCutsTheModel) {
@@ -450,6 +457,12 @@ TEST(MakeCheckpoint, LayersCutsTheModel) {
   const Config c = model::load_checkpoint(dir.path()).config();
   EXPECT_EQ(c.n_layers, 1);
   EXPECT_EQ(c.n_dense_layers, 0);  // the one layer is an MoE layer
+  // ... which `dsk bench layer` accepts in place of the preset's random weights.
+  EXPECT_EQ(test::run_command(
+                fmt::format("{} bench layer --list --checkpoint {}", kProgram, dir.path().string()),
+                &output),
+            0)
+      << output;
   // --dry-run prints the real layer's size and writes nothing.
   ASSERT_EQ(test::run_command(fmt::format("{} make-checkpoint --preset v32 --layers 1 --seed 1 "
                                           "--dry-run {}/none",
