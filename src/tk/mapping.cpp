@@ -57,15 +57,22 @@ void expand_rows(const char* src, int64_t src_stride, char* dst, int64_t dst_str
   const auto* pos = static_cast<const int32_t*>(token_topk_to_pos.data_ptr());
   const auto* expert = static_cast<const int32_t*>(pos_to_expert.data_ptr());
   const int64_t num_rows = pos_to_expert.size(0);
+  // The call for tokens [t0, t1) also zeroes the padding among rows [t0, t1) * num_rows /
+  // num_tokens, so the padding (about an eighth of the output at alignment 32, E = 256, k = 8) is
+  // written by all threads, not by the caller after them.
+  const auto rows_of = [&](int64_t t) { return t * num_rows / num_tokens; };  // num_tokens > 0
   detail::parallel_rows(num_tokens, row_bytes * k / 4, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t j = 0; j < k; ++j)
         if (pos[t * k + j] >= 0)
           std::memcpy(dst + pos[t * k + j] * dst_stride, src + t * src_stride,
                       static_cast<size_t>(row_bytes));
+    for (int64_t p = rows_of(t0), end = rows_of(t1); p < end; ++p)
+      if (expert[p] < 0) std::memset(dst + p * dst_stride, 0, static_cast<size_t>(row_bytes));
   });
-  for (int64_t p = 0; p < num_rows; ++p)
-    if (expert[p] < 0) std::memset(dst + p * dst_stride, 0, static_cast<size_t>(row_bytes));
+  if (num_tokens == 0)
+    for (int64_t p = 0; p < num_rows; ++p)
+      if (expert[p] < 0) std::memset(dst + p * dst_stride, 0, static_cast<size_t>(row_bytes));
 }
 
 Tensor reduce_impl(const char* fn, const Tensor& x, const Tensor* x_sf,

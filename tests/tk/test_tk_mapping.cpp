@@ -137,6 +137,22 @@ TEST_P(Combine, ExpandCopiesRowsAndZeroesPadding) {
   }
 }
 
+// The padding rows are zeroed by the threads in slices of the rows, trailing padding included
+// (force_no_sync sizes the layout for the worst case). A poisoned buffer of the output's size is
+// freed first, so that the allocator's cache likely hands it back.
+TEST_P(Combine, ExpandZeroesPaddingOnEveryThread) {
+  for (int64_t tokens : {4096, 33, 1}) {
+    const uint64_t seed = fresh_seed();
+    const FusedMapping m = get_fused_mapping(routing_ids(tokens, 8, 64, seed), 64, 0, 32, true);
+    const Tensor x = ref::randn({tokens, 256}, DType::bf16, seed + 1);
+    ref::poison(Tensor::empty({m.pos_to_expert.size(0), 256}, DType::bf16));
+    const Tensor got = expand_to_fused(x, m.token_topk_to_pos, m.pos_to_expert);
+    EXPECT_TRUE(
+        bitwise_equal(got, ref::tk::expand_to_fused(x, m.token_topk_to_pos, m.pos_to_expert)))
+        << tokens << " seed " << seed;
+  }
+}
+
 TEST_P(Combine, ExpandWithScalesKeepsEveryLayout) {
   const uint64_t seed = fresh_seed();
   const int64_t tokens = 33, hidden = 512;

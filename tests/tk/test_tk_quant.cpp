@@ -3,6 +3,7 @@
 // and RMSNorm casts (bit-identical to unfused-then-cast), and the cast back.
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include "tk/tk_test.hpp"
 
@@ -122,6 +123,44 @@ TEST_P(Quant, NonFiniteValuesFollowTheReference) {
   EXPECT_EQ(a.sf.at<float>({0, 1}), b.sf.at<float>({0, 1}));
   EXPECT_TRUE(std::isnan(a.sf.at<float>({0, 0})));
   EXPECT_TRUE(std::isinf(a.sf.at<float>({1, 1})));
+}
+
+// bf16 rows in blocks of 32 / 64 / 128 take the 16-bit path when the inverse scale is a power of
+// two; vectors with zeros, values that become e4m3 subnormals or underflow, bf16 subnormals, and
+// blocks with inf or NaN (or f32 scales) take the f32 path. All of it is the reference, bit for
+// bit.
+TEST_P(Quant, Bf16BlocksWithEveryKindOfValueMatchTheReference) {
+  const uint64_t seed = fresh_seed();
+  Tensor x = ref::randn({12, 1024 + 96}, DType::bf16, seed, 0.0f, 2.0f);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  const auto put = [&](int64_t r, int64_t c, float v) {
+    x.at<bf16>({r, c}) = numeric::f32_to_bf16(v);
+  };
+  for (int64_t c = 0; c < x.size(1); ++c) {
+    const float u = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+    put(0, c, c % 3 == 0 ? 0.0f : (c % 3 == 1 ? -0.0f : u));         // zeros
+    put(1, c, u * (c % 5 == 0 ? 1e-6f : 1.0f));                      // e4m3 subnormals
+    put(2, c, u * (c % 4 == 0 ? 1e-39f : 1e-30f));                   // bf16 subnormals
+    put(3, c, u * std::ldexp(1.0f, static_cast<int>(c % 64) - 32));  // every binade
+    put(4, c, u * 3e38f);                                            // near the top
+  }
+  x.at<bf16>({5, 40}) = numeric::f32_to_bf16(std::numeric_limits<float>::infinity());
+  x.at<bf16>({6, 700}) = numeric::f32_to_bf16(-std::numeric_limits<float>::infinity());
+  x.at<bf16>({7, 129}) = bf16{0x7FC1};
+  // A positive NaN: the sign bit of a NaN code is not specified (x86 keeps the first operand's).
+  x.at<bf16>({8, 1100}) = bf16{0x7F80 | 0x21};
+  for (int g : {128, 64, 32})
+    for (bool round_sf : {true, false}) {
+      const QuantTensor got = per_token_cast(x, "e4m3", g, false, round_sf);
+      EXPECT_TRUE(same_cast(got, ref::tk::per_token_cast(x, "e4m3", g, round_sf), x.size(0),
+                            blocks_of(x.size(1), g)))
+          << "g " << g << " round_sf " << round_sf << " seed " << seed;
+      if (g != 128) continue;
+      const gemm::Fp8Tensor want = gemm::per_token_cast_to_fp8(x, round_sf, 128, round_sf);
+      const QuantTensor packed = per_token_cast(x, "e4m3", 128, false, round_sf, round_sf);
+      EXPECT_TRUE(bitwise_equal(packed.data, want.data)) << "seed " << seed;
+      EXPECT_TRUE(bitwise_equal(packed.sf, want.sf)) << "seed " << seed;
+    }
 }
 
 TEST_P(Quant, PerBlockAndPerChannelCasts) {

@@ -9,6 +9,8 @@
 //   bf16 -> f32   bf16x16_to_f32                      16
 //   f32 -> bf16   f32x16_to_bf16                      16      (RNE, subnormals kept, NaN quiet)
 //   f32 -> e4m3   f32x16_to_e4m3                      16      (RNE, saturating, NaN kept)
+//   bf16 -> e4m3  bf16x32_to_e4m3_pow2                32      (times 2^k; normal range only)
+//   f32 -> e4m3   f32x16_to_e4m3_pow2                 16      (times 2^k; normal range only)
 //   e5m2 <-> f32  e5m2x16_to_f32, f32x16_to_e5m2      16      (RNE, overflow to inf)
 //   f16 <-> f32   f16x16_to_f32, f32x16_to_f16        16      (F16C)
 //   e2m1 -> f32   e2m1x16_to_f32                      16      (from 8 packed fp4x2 bytes)
@@ -277,6 +279,73 @@ inline __m128i f32x16_to_e4m3(__m512 x) {
   const __m512i abs_bits = _mm512_and_si512(bits, convert_detail::set1_u32(0x7FFFFFFFu));
   const __m512i code = convert_detail::f32x16_to_small_float<3, -6>(abs_bits);
   return convert_detail::finish_small_float(code, bits, abs_bits, 0x7E);  // saturate at 448
+}
+
+// ---- bf16 -> e4m3 with a power-of-two scale, on 32 16-bit lanes ----
+//
+// f32x16_to_e4m3(bf16 value * 2^k) is plain integer arithmetic on the bf16 bits wherever the
+// scaled magnitude is an e4m3 normal that does not saturate: the product is exact in f32, so only
+// the e4m3 rounding remains, and the 7-bit bf16 mantissa rounds to 3 bits by the same integer RNE
+// (add 7 + the kept lsb, shift by 4) once the exponent field is rebiased by k - 120 (bf16 bias 127,
+// e4m3 bias 7). That range is |x| * 2^k in [2^-6, 464] (464 rounds to 448, the largest code);
+// zeros, e4m3 subnormals, values that saturate, inf and NaN are the caller's to convert otherwise.
+struct Bf16ToE4m3Pow2 {
+  __m512i round_bias;  // (k - 120) * 128 + 7: rebias and the round-half-down constant
+  __m512i low;         // bits of 2^(-6-k), the smallest magnitude in range
+  __m512i span;        // (bits of the largest magnitude in range) + 1 - low
+};
+
+// k in [-126, 120]: 2^k is an f32 normal and 2^(-6-k) a bf16 normal.
+inline Bf16ToE4m3Pow2 bf16_to_e4m3_pow2(int k) {
+  const int low = (121 - k) * 128;
+  const int high = 0x43E9 - k * 128;  // bf16 464 is 0x43E8
+  const int end = high < 0x7F80 ? high : 0x7F80;
+  return {_mm512_set1_epi16(static_cast<int16_t>((k - 120) * 128 + 7)),
+          _mm512_set1_epi16(static_cast<int16_t>(low)),
+          _mm512_set1_epi16(static_cast<int16_t>(end - low))};
+}
+
+// The same for 16 f32 (x * 2^k, rounded from 23 mantissa bits to 3): the lanes with |x| * 2^k in
+// [2^-6, 464] are rebiased and rounded on the integer bits.
+struct F32ToE4m3Pow2 {
+  __m512i round_bias;  // (k - 120) * 2^23 + 2^19 - 1
+  __m512i low;         // bits of 2^(-6-k)
+  __m512i span;        // (bits of 464 * 2^-k) + 1 - low, at most up to inf
+};
+
+inline F32ToE4m3Pow2 f32_to_e4m3_pow2(int k) {
+  const uint32_t low = static_cast<uint32_t>(121 - k) << 23;
+  const int64_t high =
+      int64_t{0x43E80001} - int64_t{k} * (int64_t{1} << 23);  // f32 464: 0x43E80000
+  const uint32_t end = static_cast<uint32_t>(high < 0x7F800000 ? high : 0x7F800000);
+  return {convert_detail::set1_u32(static_cast<uint32_t>((k - 120) * (1 << 23) + (1 << 19) - 1)),
+          convert_detail::set1_u32(low), convert_detail::set1_u32(end - low)};
+}
+
+inline __m128i f32x16_to_e4m3_pow2(__m512 x, const F32ToE4m3Pow2& c, __mmask16* out_of_range) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i abs_bits = _mm512_and_si512(bits, convert_detail::set1_u32(0x7FFFFFFFu));
+  *out_of_range = _mm512_cmpge_epu32_mask(_mm512_sub_epi32(abs_bits, c.low), c.span);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 20), convert_detail::set1_u32(1));
+  const __m512i code =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, lsb), c.round_bias), 20);
+  const __m512i sign = _mm512_srli_epi32(bits, 24);
+  return _mm512_cvtepi32_epi8(
+      _mm512_ternarylogic_epi32(code, sign, convert_detail::set1_u32(0x80), 0xF8));
+}
+
+// 32 bf16 (the words of x) -> 32 e4m3 codes of x * 2^k; `out_of_range` gets the lanes outside
+// the range above, whose codes are not meaningful.
+inline __m256i bf16x32_to_e4m3_pow2(__m512i x, const Bf16ToE4m3Pow2& c, __mmask32* out_of_range) {
+  const __m512i abs_bits = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
+  *out_of_range = _mm512_cmpge_epu16_mask(_mm512_sub_epi16(abs_bits, c.low), c.span);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi16(1));
+  // In range the sum stays below 2^15, so the sign bit of x passes through to bit 11 of the code
+  // word, which the truncating narrowing drops; bit 7 gets the sign.
+  const __m512i code =
+      _mm512_srli_epi16(_mm512_add_epi16(_mm512_add_epi16(x, lsb), c.round_bias), 4);
+  const __m512i sign = _mm512_srli_epi16(x, 8);
+  return _mm512_cvtepi16_epi8(_mm512_ternarylogic_epi32(code, sign, _mm512_set1_epi16(0x80), 0xF8));
 }
 
 inline __m128i f32x16_to_e5m2(__m512 x) {

@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <dsk/kernels/numeric.hpp>
 #include <dsk/kernels/quant.hpp>
@@ -187,6 +188,15 @@ DSK_TK_INLINE void quantize_block_any(const T* v, int64_t start, int64_t end, co
   }
 }
 
+// The exponent k of inv when inv = 2^k with k in [-126, 120] (what Simd::e4m3_pow2 takes), else
+// kNotPow2. With UE8M0 scales every finite block has such an inverse scale.
+inline constexpr int kNotPow2 = 1 << 30;
+DSK_TK_INLINE int pow2_exponent(float inv) {
+  const uint32_t b = numeric::bits_of(inv);
+  const int e = static_cast<int>(b >> 23);
+  return (b & 0x807FFFFFu) == 0 && e >= 1 && e <= 247 ? e - 127 : kNotPow2;
+}
+
 // The whole blocks of a row in chunks of kChunk blocks, in three passes per chunk: the amax of
 // every block, then every scale, then the codes. Done block by block, each block's scalar chain
 // (reduction, two divisions) stalls its codes; done a chunk at a time, the chains of a chunk are
@@ -214,6 +224,14 @@ DSK_TK_INLINE void quantize_row_fixed(const T* v, int64_t cols, const QuantOut& 
       inv[b] = quant::inverse_scale(sf);
     }
     for (int b = 0; b < n; ++b) {
+      const int k = kFmt == QuantFormat::e4m3 ? pow2_exponent(inv[b]) : kNotPow2;
+      if (k != kNotPow2) {  // e4m3 with a power-of-two inverse scale: no product, integer rounding
+        const auto s = S::e4m3_pow2(k);
+        for (int i = 0; i < kVectors; ++i)
+          S::store_e4m3_pow2(reinterpret_cast<e4m3*>(out) + (kb0 + b) * kGroup + 16 * i,
+                             S::load(chunk + b * kGroup + 16 * i), s);
+        continue;
+      }
       const auto s = S::set1(inv[b]);
       for (int i = 0; i < kVectors; ++i) {
         const int64_t c = (kb0 + b) * kGroup + 16 * i;
@@ -228,6 +246,53 @@ DSK_TK_INLINE void quantize_row_fixed(const T* v, int64_t cols, const QuantOut& 
   if (whole * kGroup < cols) quantize_block_any<S>(v, whole * kGroup, cols, q, out, r, whole);
 }
 
+// quantize_row_fixed for bf16 rows to e4m3 in blocks of 32 * kVectors values, on 32-lane 16-bit
+// vectors: the amax over the bf16 bits (no widening), and, where the inverse scale is a power of
+// two, the codes by Simd::store_e4m3_bf16x32_pow2 (rebias and integer rounding of the bf16 bits:
+// the product by 2^k is exact, so these are the codes of the f32 path, bit for bit). Other blocks
+// (f32 scales that are not powers of two, NaN blocks) take the f32 path.
+template <class S, int kVectors>
+DSK_TK_INLINE void quantize_row_bf16_e4m3(const bf16* v, int64_t cols, const QuantOut& q,
+                                          int64_t r) {
+  constexpr int64_t kGroup = 32 * kVectors;
+  constexpr int kChunk = 8192 / kGroup;
+  e4m3* out = reinterpret_cast<e4m3*>(static_cast<uint8_t*>(q.out) + r * q.out_stride);
+  const int64_t whole = cols / kGroup;
+  int32_t amax_bits[kChunk];
+  float inv[kChunk];
+  for (int64_t kb0 = 0; kb0 < whole; kb0 += kChunk) {
+    const int n = static_cast<int>(whole - kb0 < kChunk ? whole - kb0 : kChunk);
+    const bf16* chunk = v + kb0 * kGroup;
+    for (int b = 0; b < n; ++b) {
+      auto amax = S::bf16_absmax_zero();
+      for (int i = 0; i < kVectors; ++i)
+        amax = S::bf16_absmax_add(amax, chunk + b * kGroup + 32 * i);
+      amax_bits[b] = S::bf16_absmax_f32_bits(amax);
+    }
+    for (int b = 0; b < n; ++b) {
+      const float sf = scale_of(Amax<S>::finish(amax_bits[b]), numeric::kE4m3Max, q.round_sf);
+      store_scale(q.sf, r, kb0 + b, sf);
+      inv[b] = quant::inverse_scale(sf);
+    }
+    for (int b = 0; b < n; ++b) {
+      const bf16* x = chunk + b * kGroup;
+      e4m3* codes = out + (kb0 + b) * kGroup;
+      const int k = pow2_exponent(inv[b]);
+      if (k != kNotPow2) {
+        const auto s = S::e4m3_pow2(k);
+        for (int i = 0; i < kVectors; ++i)
+          S::store_e4m3_bf16x32_pow2(codes + 32 * i, x + 32 * i, s);
+      } else {
+        const auto s = S::set1(inv[b]);
+        for (int i = 0; i < 2 * kVectors; ++i)
+          S::store_e4m3(codes + 16 * i, S::mul(S::load(x + 16 * i), s));
+      }
+    }
+  }
+  if (whole * kGroup < cols)
+    quantize_block_any<S>(v, whole * kGroup, cols, q, reinterpret_cast<uint8_t*>(out), r, whole);
+}
+
 }  // namespace quant_detail
 
 // Quantizes one row of `cols` values (any T) in blocks of `group`, as row r of the output. Blocks
@@ -238,6 +303,11 @@ DSK_TK_INLINE void quantize_row(const T* v, int64_t cols, int64_t group, const Q
                                 int64_t r) {
   using namespace quant_detail;
   const bool e4m3 = q.fmt == QuantFormat::e4m3;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (e4m3 && group == 128) return quantize_row_bf16_e4m3<S, 4>(v, cols, q, r);
+    if (e4m3 && group == 64) return quantize_row_bf16_e4m3<S, 2>(v, cols, q, r);
+    if (e4m3 && group == 32) return quantize_row_bf16_e4m3<S, 1>(v, cols, q, r);
+  }
   switch (group) {
     case 16:
       return e4m3 ? quantize_row_fixed<S, QuantFormat::e4m3, 1>(v, cols, q, r)

@@ -116,6 +116,37 @@ struct Simd<tile::generic_t> {
     for (int i = 0; i < n; ++i) r.v[i] = numeric::e4m3_to_f32(p[i]);
     return r;
   }
+  // ---- bf16 rows to e4m3, 32 values at a time (quant.hpp) ----
+  // A running max of |x| over bf16 values, as their abs bits (NaN above inf, as Amax).
+  struct Bf16AbsMax {
+    uint16_t bits = 0;
+  };
+  static Bf16AbsMax bf16_absmax_zero() { return {}; }
+  static Bf16AbsMax bf16_absmax_add(Bf16AbsMax m, const bf16* p) {
+    for (int i = 0; i < 32; ++i) {
+      const uint16_t a = p[i].bits & 0x7FFFu;
+      m.bits = a > m.bits ? a : m.bits;
+    }
+    return m;
+  }
+  // The f32 bits of the maximum (a bf16 is the high half of its f32).
+  static int32_t bf16_absmax_f32_bits(Bf16AbsMax m) { return static_cast<int32_t>(m.bits) << 16; }
+  // 32 e4m3 codes of x * scale, scale = 2^k with k in [-126, 120]: store_e4m3(mul(load(x), scale))
+  // for both halves.
+  struct E4m3Pow2 {
+    float scale;
+  };
+  static E4m3Pow2 e4m3_pow2(int k) {
+    return {numeric::float_of(static_cast<uint32_t>(k + 127) << 23)};
+  }
+  static void store_e4m3_bf16x32_pow2(e4m3* p, const bf16* x, const E4m3Pow2& s) {
+    for (int i = 0; i < 32; ++i) p[i] = numeric::f32_to_e4m3(numeric::bf16_to_f32(x[i]) * s.scale);
+  }
+  // 16 e4m3 codes of x * scale: store_e4m3(p, mul(x, scale)).
+  static void store_e4m3_pow2(e4m3* p, F x, const E4m3Pow2& s) {
+    for (int i = 0; i < 16; ++i) p[i] = numeric::f32_to_e4m3(x.v[i] * s.scale);
+  }
+
   // n (even) e2m1 values from n / 2 bytes.
   static F load_e2m1_n(const fp4x2* p, int n) {
     F r = zero();
@@ -377,6 +408,50 @@ struct Simd<tile::avx512_t> {
   static void store_e2m1_n(fp4x2* p, F x, int n) {
     _mm_mask_storeu_epi8(p, static_cast<__mmask16>(first_lanes(n / 2)), tile::f32x16_to_e2m1(x));
   }
+  // ---- bf16 rows to e4m3, 32 values at a time (see the generic implementation) ----
+  using Bf16AbsMax = __m512i;  // 32 running maxima of the abs bits
+  static Bf16AbsMax bf16_absmax_zero() { return _mm512_setzero_si512(); }
+  static Bf16AbsMax bf16_absmax_add(Bf16AbsMax m, const bf16* p) {
+    return _mm512_max_epu16(m, _mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi16(0x7FFF)));
+  }
+  static int32_t bf16_absmax_f32_bits(Bf16AbsMax m) {
+    const __m256i h = _mm256_max_epu16(_mm512_castsi512_si256(m), _mm512_extracti64x4_epi64(m, 1));
+    const __m128i q = _mm_max_epu16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    // PHMINPOSUW finds the minimum of 8 words: the maximum is the complement of the complements'.
+    const __m128i low = _mm_minpos_epu16(_mm_xor_si128(q, _mm_set1_epi16(-1)));
+    return static_cast<int32_t>((~static_cast<uint32_t>(_mm_cvtsi128_si32(low)) & 0xFFFFu) << 16);
+  }
+  struct E4m3Pow2 {
+    tile::Bf16ToE4m3Pow2 fast;
+    tile::F32ToE4m3Pow2 fast_f32;
+    F scale;
+  };
+  static E4m3Pow2 e4m3_pow2(int k) {
+    return {tile::bf16_to_e4m3_pow2(k), tile::f32_to_e4m3_pow2(k),
+            _mm512_set1_ps(numeric::float_of(static_cast<uint32_t>(k + 127) << 23))};
+  }
+  // The 16-bit integer path; a vector with a lane outside its range (zero, e4m3 subnormal, NaN)
+  // takes the f32 path instead, which is the rule itself.
+  static void store_e4m3_bf16x32_pow2(e4m3* p, const bf16* x, const E4m3Pow2& s) {
+    __mmask32 other;
+    const __m256i codes = tile::bf16x32_to_e4m3_pow2(_mm512_loadu_si512(x), s.fast, &other);
+    if (other == 0) [[likely]] {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), codes);
+      return;
+    }
+    store_e4m3(p, mul(load(x), s.scale));
+    store_e4m3(p + 16, mul(load(x + 16), s.scale));
+  }
+  static void store_e4m3_pow2(e4m3* p, F x, const E4m3Pow2& s) {
+    __mmask16 other;
+    const __m128i codes = tile::f32x16_to_e4m3_pow2(x, s.fast_f32, &other);
+    if (other == 0) [[likely]] {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p), codes);
+      return;
+    }
+    store_e4m3(p, mul(x, s.scale));
+  }
+
   static F load_e4m3_n(const e4m3* p, int n) {
     return tile::e4m3x16_to_f32(_mm_maskz_loadu_epi8(static_cast<__mmask16>(first_lanes(n)), p));
   }

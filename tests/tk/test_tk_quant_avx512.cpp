@@ -1,0 +1,130 @@
+// The integer e4m3 paths of the per-token cast (power-of-two scales) against the f32 path they
+// replace: tile::bf16x32_to_e4m3_pow2 on every bf16 bit pattern and every scale exponent (range
+// test and codes), the Simd stores with their fallback on both backends, the f32 variant on random
+// and boundary values, and the 16-bit amax.
+// Built with the AVX-512 flags; skipped on CPUs without the avx512 backend.
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include <dsk/kernels/tk/quant.hpp>
+
+#include "tk/tk_test.hpp"
+
+namespace dsk::tk {
+namespace {
+
+using Avx = kernels::Simd<tile::avx512_t>;
+using Generic = kernels::Simd<tile::generic_t>;
+
+// All 65536 bf16 patterns in order.
+std::vector<bf16> every_bf16() {
+  std::vector<bf16> v(65536);
+  for (uint32_t i = 0; i < 65536; ++i) v[i] = bf16{static_cast<uint16_t>(i)};
+  return v;
+}
+
+// What the f32 path makes of x * 2^k: the rule of dsk/kernels/numeric.hpp.
+uint8_t f32_path(bf16 x, int k) {
+  return numeric::f32_to_e4m3(numeric::bf16_to_f32(x) * std::ldexp(1.0f, k)).bits;
+}
+
+TEST(QuantBf16E4m3, RangeAndCodesOfTheIntegerPathForEveryBf16AndExponent) {
+  DSK_SKIP_UNLESS_BACKEND(Backend::avx512);
+  const std::vector<bf16> x = every_bf16();
+  int64_t in_range = 0;
+  for (int k = -126; k <= 120; ++k) {
+    const tile::Bf16ToE4m3Pow2 c = tile::bf16_to_e4m3_pow2(k);
+    for (size_t i = 0; i < x.size(); i += 32) {
+      __mmask32 other = 0;
+      const __m256i codes = tile::bf16x32_to_e4m3_pow2(_mm512_loadu_si512(x.data() + i), c, &other);
+      uint8_t got[32];
+      std::memcpy(got, &codes, sizeof got);
+      for (int j = 0; j < 32; ++j) {
+        const float y = std::fabs(numeric::bf16_to_f32(x[i + j]) * std::ldexp(1.0f, k));
+        const bool expected_in = y >= 0x1p-6f && y <= 464.0f;  // false for NaN
+        const bool in = ((other >> j) & 1u) == 0;
+        ASSERT_EQ(in, expected_in) << "bf16 " << i + j << " k " << k;
+        if (!in) continue;
+        ++in_range;
+        ASSERT_EQ(got[j], f32_path(x[i + j], k)) << "bf16 " << i + j << " k " << k;
+      }
+    }
+  }
+  EXPECT_GT(in_range, 247 * 1000);
+}
+
+TEST(QuantBf16E4m3, StoreIsTheF32PathOnBothBackendsWithFallback) {
+  DSK_SKIP_UNLESS_BACKEND(Backend::avx512);
+  const std::vector<bf16> x = every_bf16();  // vectors with zeros, subnormals, inf, NaN too
+  std::vector<uint8_t> avx(x.size()), generic(x.size());
+  for (int k : {-126, -119, -60, -7, 0, 3, 22, 119, 120}) {
+    const auto sa = Avx::e4m3_pow2(k);
+    const auto sg = Generic::e4m3_pow2(k);
+    std::memset(avx.data(), 0xAB, avx.size());
+    std::memset(generic.data(), 0xCD, generic.size());
+    for (size_t i = 0; i < x.size(); i += 32) {
+      Avx::store_e4m3_bf16x32_pow2(reinterpret_cast<e4m3*>(avx.data() + i), x.data() + i, sa);
+      Generic::store_e4m3_bf16x32_pow2(reinterpret_cast<e4m3*>(generic.data() + i), x.data() + i,
+                                       sg);
+    }
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(avx[i], f32_path(x[i], k)) << "bf16 " << i << " k " << k;
+      ASSERT_EQ(generic[i], avx[i]) << "bf16 " << i << " k " << k;
+    }
+  }
+}
+
+// The f32 variant: random bit patterns, and values drawn near the two ends of the range (the
+// exponents around 2^(-6-k), mantissas around 464 * 2^-k), every scale exponent.
+TEST(QuantBf16E4m3, F32IntegerPathIsTheF32Path) {
+  DSK_SKIP_UNLESS_BACKEND(Backend::avx512);
+  std::mt19937 rng(static_cast<uint32_t>(test::fresh_seed()));
+  alignas(64) uint32_t bits[16];
+  for (int k = -126; k <= 120; ++k) {
+    const auto sa = Avx::e4m3_pow2(k);
+    const auto sg = Generic::e4m3_pow2(k);
+    for (int it = 0; it < 400; ++it) {
+      for (int i = 0; i < 16; ++i) {
+        uint32_t b = static_cast<uint32_t>(rng());
+        const int e = i % 4 == 1 ? 121 - k + static_cast<int>(rng() % 8) - 2
+                                 : 135 - k + static_cast<int>(rng() % 3) - 1;
+        if (i % 2 == 1 && e >= 0 && e <= 255)
+          b = (b & 0x807FFFFFu) | static_cast<uint32_t>(e) << 23;
+        if (i % 4 == 3) b = (b & 0xFFF00000u) | (0x80000u + rng() % 5 - 2);  // ties and near ties
+        bits[i] = b;
+      }
+      const auto x = Avx::from_bits(Avx::iload(reinterpret_cast<const int32_t*>(bits)));
+      typename Generic::F xg;
+      std::memcpy(xg.v, bits, sizeof bits);
+      uint8_t got[16], want[16];
+      Avx::store_e4m3_pow2(reinterpret_cast<e4m3*>(got), x, sa);
+      Generic::store_e4m3_pow2(reinterpret_cast<e4m3*>(want), xg, sg);
+      for (int i = 0; i < 16; ++i) {
+        const float v = numeric::float_of(bits[i]) * std::ldexp(1.0f, k);
+        ASSERT_EQ(want[i], numeric::f32_to_e4m3(v).bits) << bits[i] << " k " << k;
+        ASSERT_EQ(got[i], want[i]) << "f32 bits " << bits[i] << " k " << k;
+      }
+    }
+  }
+}
+
+TEST(QuantBf16E4m3, AbsMaxIsTheF32AbsMax) {
+  DSK_SKIP_UNLESS_BACKEND(Backend::avx512);
+  std::vector<bf16> x = every_bf16();
+  // Windows of 32 patterns at every offset, so each position holds the maximum somewhere, NaN and
+  // inf included.
+  for (size_t i = 0; i + 32 <= x.size(); i += 7) {
+    auto a = Avx::bf16_absmax_add(Avx::bf16_absmax_zero(), x.data() + i);
+    auto g = Generic::bf16_absmax_add(Generic::bf16_absmax_zero(), x.data() + i);
+    kernels::quant_detail::Amax<Avx> want;
+    want.add(Avx::load(x.data() + i));
+    want.add(Avx::load(x.data() + i + 16));
+    const int32_t want_bits = Avx::ireduce_max(want.bits);
+    ASSERT_EQ(Avx::bf16_absmax_f32_bits(a), want_bits) << i;
+    ASSERT_EQ(Generic::bf16_absmax_f32_bits(g), want_bits) << i;
+  }
+}
+
+}  // namespace
+}  // namespace dsk::tk
