@@ -285,8 +285,14 @@ struct LowLatencyDispatchResult {
 };
 
 struct LowLatencyCombineArgs {
-  bool use_logfmt = false;  // not supported: must be false
-  bool zero_copy = false;   // not supported: must be false
+  // Rows travel as LogFMT-10 (upstream DeepEP's 10-bit logarithmic format, docs/ep.md): each
+  // 512- or 1024-channel chunk whose magnitudes are all below 1 is encoded, the rest stays BF16;
+  // the owner sums the decoded f32 values. Needs a hidden size that is a multiple of 512.
+  bool use_logfmt = false;
+  // Send from the tensor get_next_low_latency_combine_buffer(handle) returned (call it before
+  // every zero-copy combine and write the experts' outputs into it); x is then not read, only
+  // its shape checked (as upstream).
+  bool zero_copy = false;
   bool async_finish = false;
   bool return_recv_hook = false;
   std::optional<Tensor> out{};  // bf16 [T, H] written in place of a buffer-owned result
@@ -356,9 +362,17 @@ class Buffer {
                                                 int64_t num_max_dispatch_tokens_per_rank,
                                                 int num_experts,
                                                 const LowLatencyDispatchArgs& args = {});
+  // zero_copy: the bf16 [E_local, R*Tmax, H] tensor (shape of the handle's dispatch) that the
+  // next low_latency_combine with zero_copy = true sends from; write the experts' outputs into it.
+  // It is one of two tensors the buffer owns and alternates between (upstream's odd/even
+  // buffers), so it may be filled while the previous zero-copy combine is still in flight. The
+  // transports stream records through fixed per-peer slots, so this is a buffer-owned staging
+  // tensor, not transport memory; the combine packs its records straight from it.
+  Tensor get_next_low_latency_combine_buffer(const LowLatencyHandle& handle);
   // x: bf16 [E_local, R*Tmax, H], the experts' outputs in the dispatch's masked layout (only the
   // valid rows are read); topk_idx: the dispatch's; topk_weights: f32 [T, K]. Returns
-  // combined[t] = bf16(sum over k in top-k order, idx >= 0, of f32 w[t][k] * f32(x row of (t, k))).
+  // combined[t] = bf16(sum over k in top-k order, idx >= 0, of f32 w[t][k] * f32(x row of (t, k))),
+  // with use_logfmt the rows' decoded LogFMT-10 values in place of f32(x row).
   LowLatencyCombineResult low_latency_combine(const Tensor& x, const Tensor& topk_idx,
                                               const Tensor& topk_weights,
                                               const LowLatencyHandle& handle,

@@ -334,6 +334,7 @@ void Buffer::destroy() {
             std::to_string(impl_->outstanding.load()) +
                 " operation(s) are still outstanding: wait for their events first");
   impl_->channel.reset();
+  for (Tensor& t : impl_->combine_buffers) t = Tensor{};
   impl_->destroyed = true;
 }
 
@@ -436,6 +437,10 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const Tensor& x, const Ten
                                                       const LowLatencyDispatchArgs& args) {
   return detail::run_low_latency_dispatch(*impl_, x, topk_idx, num_max_dispatch_tokens_per_rank,
                                           num_experts, args);
+}
+
+Tensor Buffer::get_next_low_latency_combine_buffer(const LowLatencyHandle& handle) {
+  return detail::next_low_latency_combine_buffer(*impl_, handle);
 }
 
 LowLatencyCombineResult Buffer::low_latency_combine(const Tensor& x, const Tensor& topk_idx,

@@ -311,7 +311,7 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
                       .num_experts = b.config.num_experts,
                       .cached = 0,
                       .tmax = 0,
-                      .reserved = 0};
+                      .logfmt = 0};
   for (int d = 0; d < R; ++d) {
     const HeaderView hv{spec.send_headers.data() + spec.header_bytes * d, R};
     hv.sig() = sig;

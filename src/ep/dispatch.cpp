@@ -375,7 +375,7 @@ Signature make_signature(const BufferImpl& b, const Inputs& in, const Plan& plan
           .num_experts = b.config.num_experts,
           .cached = in.cached ? 1 : 0,
           .tmax = 0,
-          .reserved = 0};
+          .logfmt = 0};
 }
 
 void check_args(const BufferImpl& b, const DispatchArgs& a, Inputs& in) {

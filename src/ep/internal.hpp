@@ -227,6 +227,15 @@ struct BufferImpl {
   // An uninitialised tensor whose memory is reused from earlier calls once nothing references it.
   Tensor pooled(const Shape& shape, DType dtype);
 
+  // zero_copy low-latency combine: two buffer-owned bf16 [E_local, R*Tmax, H] tensors, taken in
+  // turn (upstream's odd/even send buffers), so the experts can fill the next one while a combine
+  // still sends from the other. get_next_low_latency_combine_buffer hands out
+  // combine_buffers[next_combine_buffer] and marks it ready; a zero-copy combine sends from it,
+  // clears the mark and passes the turn.
+  Tensor combine_buffers[2];
+  bool combine_buffer_ready[2] = {false, false};
+  int next_combine_buffer = 0;
+
  private:
   void progress_loop();
 

@@ -6,9 +6,13 @@
 // rank's experts travels once: [x row (bf16, or e4m3)][scales (f32 per 128, or UE8M0 bytes)]
 // [int32 source token][int32 local expert of each selecting slot, then -1s], padded to 16. The
 // receiver writes the row once per listed expert.
-// Combine record: [bf16 row] of one (token, expert) pair, sent back in (local expert, token, slot)
-// order; the owner stages them per (token, slot) and sums in top-k order, so results do not
-// depend on arrival order.
+// Combine record: [bf16 row] of one (token, expert) pair, or with use_logfmt its LogFMT-10
+// message (ep/logfmt.hpp), sent back in (local expert, token, slot) order; the owner stages them
+// per (token, slot) and sums in top-k order, so results do not depend on arrival order. With
+// zero_copy the rows come from one of two buffer-owned tensors that
+// get_next_low_latency_combine_buffer hands out, not from x: every transport streams records
+// through fixed per-peer slots in the owner's order, so the masked layout cannot be the
+// transport's own memory, and packing from the buffer-owned tensor is the one copy x's path makes.
 #include <algorithm>
 #include <cstring>
 
@@ -18,6 +22,7 @@
 #include <dsk/tk.hpp>
 
 #include "ep/internal.hpp"
+#include "ep/logfmt.hpp"
 #include "ep/routing.hpp"
 
 namespace dsk::ep {
@@ -347,7 +352,7 @@ LowLatencyDispatchResult run_low_latency_dispatch(BufferImpl& b, const Tensor& x
                       .num_experts = num_experts,
                       .cached = 0,
                       .tmax = static_cast<int32_t>(tmax),
-                      .reserved = 0};
+                      .logfmt = 0};
   fill_headers(spec, sig, R, T, records, &pairs, El);
   LowLatencyDispatchOp* self = op.get();
   spec.pack = [self](int d, int64_t first, int64_t n, std::byte* dst) {
@@ -372,21 +377,49 @@ namespace {
 struct LowLatencyCombineOp final : Operation {
   std::shared_ptr<const LowLatencyPlan> plan;
   int64_t H = 0, RT = 0;
+  bool logfmt = false;   // records are LogFMT-10 messages, decoded by the owner
+  size_t row_bytes = 0;  // staged bytes per (token, slot): a BF16 row, or a message's room
   const uint16_t* x = nullptr;
   const float* weights = nullptr;
   std::vector<std::vector<int64_t>> send_rows;  // per owner: flat rows e*RT+row, in order
-  Tensor stage;                                 // bf16 [T*K, H] per (token, slot)
+  Tensor stage;                                 // u8 [T*K, row_bytes] per (token, slot)
   Tensor combined;
   std::vector<Tensor> keep;
 
+  void pack(int d, int64_t first, int64_t n, std::byte* dst) const;
+  void unpack(int r, int64_t first, int64_t n, const std::byte* src);
   void finish() override;
 };
 
-// combined[t] = bf16(sum over slots in top-k order of w * f32(row)), from zero.
+void LowLatencyCombineOp::pack(int d, int64_t first, int64_t n, std::byte* dst) const {
+  const size_t rb = spec.record_bytes;
+  for (int64_t i = 0; i < n; ++i, dst += rb) {
+    const uint16_t* row = x + send_rows[d][first + i] * H;
+    if (logfmt) {
+      logfmt::encode(row, H, dst);
+    } else {
+      std::memcpy(dst, row, 2 * static_cast<size_t>(H));
+    }
+  }
+}
+
+// Stages each record at its (token, slot), copying only the bytes a LogFMT message uses.
+void LowLatencyCombineOp::unpack(int r, int64_t first, int64_t n, const std::byte* src) {
+  const size_t rb = spec.record_bytes;
+  auto* staged = static_cast<std::byte*>(stage.data_ptr());
+  for (int64_t i = 0; i < n; ++i, src += rb) {
+    const size_t used = logfmt ? logfmt::message_bytes(src, H) : row_bytes;
+    std::memcpy(staged + static_cast<size_t>(plan->back_slots[r][first + i]) * row_bytes, src,
+                used);
+  }
+}
+
+// combined[t] = bf16(sum over slots in top-k order of w * f32(row)), from zero; a LogFMT row
+// adds its decoded f32 values (upstream's decode_and_accumulate).
 void LowLatencyCombineOp::finish() {
   const int64_t T = plan->num_tokens;
   const int K = plan->num_topk;
-  const auto* rows = reinterpret_cast<const uint16_t*>(stage.data_ptr());
+  const auto* staged = static_cast<const std::byte*>(stage.data_ptr());
   auto* result = combined.data<bf16>();
   std::vector<float> acc(static_cast<size_t>(H));
   for (int64_t t = 0; t < T; ++t) {
@@ -394,11 +427,20 @@ void LowLatencyCombineOp::finish() {
     for (int k = 0; k < K; ++k) {
       if (plan->topk[t * K + k] < 0) continue;
       const float w = weights[t * K + k];
-      const uint16_t* row = rows + (t * K + k) * H;
-      for (int64_t h = 0; h < H; ++h) acc[h] += w * widen(row[h]);
+      const std::byte* row = staged + static_cast<size_t>(t * K + k) * row_bytes;
+      if (logfmt) {
+        logfmt::decode_accumulate(row, H, w, acc.data());
+        continue;
+      }
+      const auto* bits = reinterpret_cast<const uint16_t*>(row);
+      for (int64_t h = 0; h < H; ++h) acc[h] += w * widen(bits[h]);
     }
     convert_f32_to_bf16(acc.data(), result + t * H, static_cast<size_t>(H));
   }
+}
+
+Shape combine_buffer_shape(const LowLatencyPlan& plan) {
+  return {plan.num_local_experts, plan.num_ranks * plan.tmax, plan.hidden};
 }
 
 void check_combine(const BufferImpl& b, const Tensor& x, const Tensor& topk_idx,
@@ -407,13 +449,23 @@ void check_combine(const BufferImpl& b, const Tensor& x, const Tensor& topk_idx,
   DSK_CHECK_ARG(h.plan && h.plan->buffer == &b, kCombine, "handle",
                 "a handle returned by low_latency_dispatch on this buffer", "another handle");
   const LowLatencyPlan& plan = *h.plan;
-  DSK_CHECK_ARG(!a.use_logfmt, kCombine, "use_logfmt", "false (LogFMT is not implemented)", true);
-  DSK_CHECK_ARG(!a.zero_copy, kCombine, "zero_copy", "false (not implemented)", true);
+  DSK_CHECK_ARG(!a.use_logfmt || logfmt::supports_hidden(plan.hidden), kCombine, "use_logfmt",
+                "a hidden size that is a multiple of 512 (LogFMT-10 encodes 512- or 1024-channel "
+                "chunks)",
+                "hidden " + std::to_string(plan.hidden));
   DSK_CHECK_ARG(!(a.async_finish && a.return_recv_hook), kCombine, "async_finish",
                 "false with return_recv_hook (the hook receives)", "both true");
+  // With zero_copy x is not read (upstream ignores it too), but its shape is still checked.
   check::dtype(kCombine, "x", x, DType::bf16);
-  check::shape(kCombine, "x", x, {plan.num_local_experts, plan.num_ranks * plan.tmax, plan.hidden});
+  check::shape(kCombine, "x", x, combine_buffer_shape(plan));
   check::contiguous(kCombine, "x", x);
+  const int slot = b.next_combine_buffer;
+  DSK_CHECK_ARG(!a.zero_copy || (b.combine_buffer_ready[slot] &&
+                                 b.combine_buffers[slot].sizes() == combine_buffer_shape(plan)),
+                kCombine, "zero_copy",
+                "a preceding get_next_low_latency_combine_buffer(handle) holding the experts' "
+                "outputs (one call before every zero-copy combine)",
+                "none for this combine");
   const int64_t T = plan.num_tokens;
   const int K = plan.num_topk;
   check::shape(kCombine, "topk_idx", topk_idx, {T, K});
@@ -431,7 +483,30 @@ void check_combine(const BufferImpl& b, const Tensor& x, const Tensor& topk_idx,
   }
 }
 
+// The rows the combine sends: x, or with zero_copy the buffer get_next_low_latency_combine_buffer
+// handed out, whose turn then passes to the other one.
+Tensor combine_source(BufferImpl& b, const Tensor& x, bool zero_copy) {
+  if (!zero_copy) return x;
+  const int slot = b.next_combine_buffer;
+  b.combine_buffer_ready[slot] = false;
+  b.next_combine_buffer = 1 - slot;
+  return b.combine_buffers[slot];
+}
+
 }  // namespace
+
+Tensor next_low_latency_combine_buffer(BufferImpl& b, const LowLatencyHandle& h) {
+  const char* fn = "ep::Buffer::get_next_low_latency_combine_buffer";
+  DSK_CHECK(!b.destroyed, fn, "the buffer was destroyed");
+  DSK_CHECK_ARG(h.plan && h.plan->buffer == &b, fn, "handle",
+                "a handle returned by low_latency_dispatch on this buffer", "another handle");
+  const Shape shape = combine_buffer_shape(*h.plan);
+  const int slot = b.next_combine_buffer;
+  Tensor& buffer = b.combine_buffers[slot];
+  if (!buffer.defined() || buffer.sizes() != shape) buffer = Tensor::empty(shape, DType::bf16);
+  b.combine_buffer_ready[slot] = true;
+  return buffer;
+}
 
 LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
                                                 const Tensor& topk_idx, const Tensor& topk_weights,
@@ -448,9 +523,12 @@ LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
   op->plan = h.plan;
   op->H = H;
   op->RT = R * plan.tmax;
-  op->x = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  op->logfmt = a.use_logfmt;
+  op->row_bytes = a.use_logfmt ? logfmt::max_message_bytes(H) : 2 * static_cast<size_t>(H);
+  const Tensor source = combine_source(b, x, a.zero_copy);
+  op->x = reinterpret_cast<const uint16_t*>(source.data_ptr());
   op->weights = topk_weights.data<float>();
-  op->keep = {x, topk_weights};
+  op->keep = {source, topk_weights};
   op->send_rows.assign(R, {});
   std::vector<int64_t> records(R, 0);
   for (int s = 0; s < R; ++s) {
@@ -461,7 +539,7 @@ LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
     }
     records[s] = static_cast<int64_t>(op->send_rows[s].size());
   }
-  op->stage = b.pooled({T * K, H}, DType::bf16);
+  op->stage = b.pooled({T * K, static_cast<int64_t>(op->row_bytes)}, DType::u8);
   LowLatencyCombineResult out;
   if (a.out) {
     op->combined = *a.out;
@@ -473,7 +551,7 @@ LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
   out.combined_x = op->combined;
 
   ExchangeSpec& spec = op->spec;
-  init_spec(spec, R, El, align_up(2 * static_cast<size_t>(H), 16));
+  init_spec(spec, R, El, align_up(op->row_bytes, 16));
   const Signature sig{.kind = 4,
                       .hidden = static_cast<int32_t>(H),
                       .num_topk = K,
@@ -485,14 +563,11 @@ LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
                       .num_experts = b.config.num_experts,
                       .cached = 0,
                       .tmax = static_cast<int32_t>(plan.tmax),
-                      .reserved = 0};
+                      .logfmt = a.use_logfmt ? 1 : 0};
   fill_headers(spec, sig, R, T, records, nullptr, El);
   LowLatencyCombineOp* self = op.get();
   spec.pack = [self](int d, int64_t first, int64_t n, std::byte* dst) {
-    const size_t rb = self->spec.record_bytes;
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(dst + i * rb, self->x + self->send_rows[d][first + i] * self->H,
-                  2 * static_cast<size_t>(self->H));
+    self->pack(d, first, n, dst);
   };
   spec.on_headers = [self, R] {
     ExchangeSpec& sp = self->spec;
@@ -508,11 +583,7 @@ LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
     }
   };
   spec.unpack = [self](int r, int64_t first, int64_t n, const std::byte* src) {
-    const size_t rb = self->spec.record_bytes, row = 2 * static_cast<size_t>(self->H);
-    auto* stage = static_cast<std::byte*>(self->stage.data_ptr());
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(stage + static_cast<size_t>(self->plan->back_slots[r][first + i]) * row,
-                  src + i * rb, row);
+    self->unpack(r, first, n, src);
   };
   attach_completion(b, op, a.return_recv_hook, a.async_finish, kCombine, out);
   return out;

@@ -1,6 +1,7 @@
 // The wire format of dispatch and combine headers and the small helpers both operations share.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -25,8 +26,8 @@ struct Signature {
   int32_t alignment;
   int32_t num_experts;
   int32_t cached;
-  int32_t tmax;      // low-latency: num_max_dispatch_tokens_per_rank
-  int32_t reserved;  // 0: keeps the size a multiple of 8 (the HeaderTail after it holds int64s)
+  int32_t tmax;    // low-latency: num_max_dispatch_tokens_per_rank
+  int32_t logfmt;  // low-latency combine: 1 = LogFMT-10 records (ep/logfmt.hpp); else 0
 };
 static_assert(sizeof(Signature) % 8 == 0);
 
@@ -64,7 +65,8 @@ inline std::string describe(const Signature& s) {
          ", topk_weights=" + std::to_string(s.has_weights) +
          ", expand=" + std::to_string(s.expand) + ", alignment=" + std::to_string(s.alignment) +
          ", num_experts=" + std::to_string(s.num_experts) + ", cached=" + std::to_string(s.cached) +
-         ", num_max_dispatch_tokens_per_rank=" + std::to_string(s.tmax) + ")";
+         ", num_max_dispatch_tokens_per_rank=" + std::to_string(s.tmax) +
+         ", use_logfmt=" + std::to_string(s.logfmt) + ")";
 }
 
 // Raises on every rank when the ranks' signatures differ.
@@ -79,10 +81,13 @@ inline void check_signatures(const ExchangeSpec& spec, int num_ranks, int rank, 
   }
 }
 
-// The largest record of a dispatch or combine: a BF16 row, int32 ids and f32 weights per slot,
-// and the source token index.
+// The largest record of a dispatch or combine: a BF16 row with int32 ids and f32 weights per
+// slot and the source token index, or a low-latency LogFMT message (a BF16 row's room plus 4
+// bytes of meta per 128 channels).
 inline size_t max_record_bytes(int64_t hidden, int num_topk) {
-  return align_up(2 * static_cast<size_t>(hidden) + 8 * static_cast<size_t>(num_topk) + 4, 16);
+  const size_t extra = std::max(8 * static_cast<size_t>(num_topk) + 4,
+                                4 * static_cast<size_t>((hidden + 127) / 128));
+  return align_up(2 * static_cast<size_t>(hidden) + extra, 16);
 }
 
 // topk_idx [T, K] (i64 or i32, any strides) as int32 global ids; raises on ids outside [-1, E).
@@ -106,7 +111,7 @@ inline std::vector<int32_t> read_topk_idx(const char* fn, const char* arg, const
   return ids;
 }
 
-// One operation's implementation entry points (dispatch.cpp, combine.cpp).
+// One operation's implementation entry points (dispatch.cpp, combine.cpp, low_latency.cpp).
 DispatchResult run_dispatch(BufferImpl& b, const Tensor& x, const Tensor* x_sf,
                             const DispatchArgs& args);
 CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& handle,
@@ -115,6 +120,7 @@ LowLatencyDispatchResult run_low_latency_dispatch(BufferImpl& b, const Tensor& x
                                                   const Tensor& topk_idx, int64_t tmax,
                                                   int num_experts,
                                                   const LowLatencyDispatchArgs& args);
+Tensor next_low_latency_combine_buffer(BufferImpl& b, const LowLatencyHandle& handle);
 LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
                                                 const Tensor& topk_idx, const Tensor& topk_weights,
                                                 const LowLatencyHandle& handle,

@@ -2,11 +2,16 @@
 // against a plain reference: every rank gathers every rank's tokens and routing, and recomputes
 // each local expert's rows (source ranks ascending, each in token order), counts, layout ranges
 // and source indices, the FP8 casts, and the weighted combine (bitwise, in top-k order). Also -1
-// ids, the receive hook, async completion, the two-results rule and bad inputs. Instantiated with
-// the other EpTest cases (mpi_ep.cpp), so every test runs on every transport.
+// ids, the receive hook, async completion, the two-results rule and bad inputs; the LogFMT-10
+// combine (bitwise against the codec, within upstream's tolerance of the plain one) and the
+// zero-copy combine (bitwise equal to the copying one). Instantiated with the other EpTest cases
+// (mpi_ep.cpp), so every test runs on every transport.
 #include "ep/mpi_ep_test.hpp"
 
+#include <dsk/ref.hpp>
 #include <dsk/tk.hpp>
+
+#include "../src/ep/logfmt.hpp"
 
 namespace dsk::ep::test {
 namespace {
@@ -340,6 +345,160 @@ TEST_P(EpTest, LowLatencyRanksMustAgreeOnTheCapacity) {
   const int64_t tmax = me() == 0 ? kTmax : kTmax - 8;
   EXPECT_THROW(buffer->low_latency_dispatch(tk.x, tk.topk, tmax, E(), {.use_fp8 = false}), Error);
   EXPECT_FALSE(buffer->is_available());
+}
+
+// ---- use_logfmt and zero_copy ----
+
+// Tokens scaled so every |x| < 1: LogFMT encodes every chunk of them (upstream's x_pure_rand).
+Tokens small_tokens(Tokens tk) {
+  for (int64_t i = 0; i < tk.x.numel(); ++i)
+    tk.x.data<bf16>()[i] = f32_to_bf16(0.1f * bf16_to_f32(tk.x.data<bf16>()[i]));
+  return tk;
+}
+
+// The experts' outputs in the masked layout: expert e answers row (s, t) with
+// scale * expert_value(e, gid, h); NaN past each expert's rows (they must not be read).
+Tensor expert_outputs(const LowLatencyDispatchResult& d, int me, int El, int R, int64_t H,
+                      float scale) {
+  const int64_t RT = d.handle.src_info.size(1), tmax = RT / R;
+  Tensor y = Tensor::empty({El, RT, H}, DType::bf16);
+  y.fill_bytes_(0xFF);
+  for (int e = 0; e < El; ++e) {
+    for (int s = 0; s < R; ++s) {
+      const int64_t range = d.handle.layout_range.at<int64_t>({e, s});
+      for (int64_t i = range >> 32; i < (range >> 32) + (range & 0xFFFFFFFF); ++i) {
+        const int64_t gid = s * tmax + d.handle.src_info.at<int32_t>({e, i});
+        for (int64_t h = 0; h < H; ++h)
+          y.at<bf16>({e, i, h}) = f32_to_bf16(scale * expert_value(me * El + e, gid, h));
+      }
+    }
+  }
+  return y;
+}
+
+Tensor poisoned(const Shape& shape) {
+  Tensor t = Tensor::empty(shape, DType::bf16);
+  t.fill_bytes_(0xFF);
+  return t;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+}
+
+// use_logfmt: each expert rank encodes its rows, the owner sums w * decoded value in top-k order,
+// bitwise what the codec gives locally; repeatable; within upstream's tolerance (calc_diff < 1e-5
+// with BF16 dispatch) of the plain combine and of x * sum(w) for identity experts; rows with
+// |x| >= 1 travel raw, so the result is then bitwise the plain combine's.
+TEST_P(EpTest, LowLatencyLogfmtCombineSumsTheDecodedRows) {
+  constexpr int64_t H = 1024;
+  constexpr float kScale = 0.25f;
+  auto buffer = make_buffer(false, H);
+  const Tokens tk = small_tokens(make_tokens(0.2, H));
+  const LowLatencyDispatchResult d =
+      buffer->low_latency_dispatch(tk.x, tk.topk, kTmax, E(), {.use_fp8 = false});
+  const Tensor y = expert_outputs(d, me(), El(), R(), H, kScale);
+  const LowLatencyCombineArgs args{.use_logfmt = true, .out = poisoned({tk.T, H})};
+  const LowLatencyCombineResult c =
+      buffer->low_latency_combine(y, tk.topk, tk.weights, d.handle, args);
+  std::vector<uint16_t> row(H);
+  std::vector<std::byte> msg(detail::logfmt::max_message_bytes(H));
+  std::vector<float> acc(H);
+  for (int64_t t = 0; t < tk.T; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int k = 0; k < kTopk; ++k) {
+      const int64_t g = tk.topk.at<int64_t>({t, k});
+      if (g < 0) continue;
+      for (int64_t h = 0; h < H; ++h)
+        row[h] = f32_to_bf16(kScale * expert_value(g, me() * kTmax + t, h)).bits;
+      detail::logfmt::encode(row.data(), H, msg.data());
+      detail::logfmt::decode_accumulate(msg.data(), H, tk.weights.at<float>({t, k}), acc.data());
+    }
+    for (int64_t h = 0; h < H; ++h)
+      ASSERT_EQ(c.combined_x.at<bf16>({t, h}).bits, f32_to_bf16(acc[h]).bits) << t << "," << h;
+  }
+  const LowLatencyCombineResult again = buffer->low_latency_combine(
+      y, tk.topk, tk.weights, d.handle, {.use_logfmt = true, .out = poisoned({tk.T, H})});
+  EXPECT_TRUE(same_bytes(again.combined_x, c.combined_x));  // bitwise repeatable
+  const LowLatencyCombineResult plain =
+      buffer->low_latency_combine(y, tk.topk, tk.weights, d.handle, {.out = poisoned({tk.T, H})});
+  EXPECT_LT(ref::calc_diff(c.combined_x, plain.combined_x), 1e-5);
+
+  // Identity experts: x * sum(w), upstream's check.
+  const LowLatencyCombineResult id = buffer->low_latency_combine(
+      d.recv_x, tk.topk, tk.weights, d.handle, {.use_logfmt = true, .out = poisoned({tk.T, H})});
+  Tensor expected = Tensor::empty({tk.T, H}, DType::f32);
+  for (int64_t t = 0; t < tk.T; ++t) {
+    float sum_w = 0;
+    for (int k = 0; k < kTopk; ++k)
+      if (tk.topk.at<int64_t>({t, k}) >= 0) sum_w += tk.weights.at<float>({t, k});
+    for (int64_t h = 0; h < H; ++h)
+      expected.at<float>({t, h}) = sum_w * bf16_to_f32(tk.x.at<bf16>({t, h}));
+  }
+  EXPECT_LT(ref::calc_diff(id.combined_x, expected), 1e-5);
+
+  // Outputs of magnitude >= 1 cannot be encoded: the same bits as without LogFMT.
+  const Tensor large = expert_outputs(d, me(), El(), R(), H, 4.0f);
+  const LowLatencyCombineResult raw = buffer->low_latency_combine(
+      large, tk.topk, tk.weights, d.handle, {.use_logfmt = true, .out = poisoned({tk.T, H})});
+  const LowLatencyCombineResult raw_plain = buffer->low_latency_combine(
+      large, tk.topk, tk.weights, d.handle, {.out = poisoned({tk.T, H})});
+  EXPECT_TRUE(same_bytes(raw.combined_x, raw_plain.combined_x));
+}
+
+// zero_copy: the experts write into get_next_low_latency_combine_buffer(handle) and the combine
+// sends from there (x is not read: here it is all NaN), bitwise equal to the copying combine;
+// with LogFMT, the receive hook and async completion too. The two buffers alternate, and a
+// zero-copy combine without a fresh get_next raises on every rank before any exchange.
+TEST_P(EpTest, LowLatencyZeroCopyCombineEqualsTheCopyingOne) {
+  constexpr int64_t H = 512;
+  auto buffer = make_buffer(false, H);
+  const Tokens tk = small_tokens(make_tokens(0.2, H));
+  const LowLatencyDispatchResult d =
+      buffer->low_latency_dispatch(tk.x, tk.topk, kTmax, E(), {.use_fp8 = false});
+  const Tensor y = expert_outputs(d, me(), El(), R(), H, 0.5f);
+  const Tensor nan_x = poisoned(y.sizes());
+  const void* previous = nullptr;
+  for (const bool use_logfmt : {false, true}) {
+    const LowLatencyCombineResult copied = buffer->low_latency_combine(
+        y, tk.topk, tk.weights, d.handle, {.use_logfmt = use_logfmt, .out = poisoned({tk.T, H})});
+    for (const int mode : {0, 1, 2}) {  // synchronous, return_recv_hook, async_finish
+      SCOPED_TRACE(std::to_string(use_logfmt) + " mode " + std::to_string(mode));
+      Tensor next = buffer->get_next_low_latency_combine_buffer(d.handle);
+      ASSERT_EQ(next.sizes(), y.sizes());
+      EXPECT_NE(next.data_ptr(), previous);  // the other of the two buffers
+      previous = next.data_ptr();
+      std::memcpy(next.data_ptr(), y.data_ptr(), y.nbytes());
+      const LowLatencyCombineResult zero =
+          buffer->low_latency_combine(nan_x, tk.topk, tk.weights, d.handle,
+                                      {.use_logfmt = use_logfmt,
+                                       .zero_copy = true,
+                                       .async_finish = mode == 2,
+                                       .return_recv_hook = mode == 1,
+                                       .out = poisoned({tk.T, H})});
+      zero.wait();
+      EXPECT_TRUE(same_bytes(zero.combined_x, copied.combined_x));
+    }
+  }
+  // Each zero-copy combine consumes its get_next.
+  EXPECT_THROW(buffer->low_latency_combine(y, tk.topk, tk.weights, d.handle,
+                                           {.zero_copy = true, .out = poisoned({tk.T, H})}),
+               Error);
+  EXPECT_TRUE(buffer->is_available());
+}
+
+TEST_P(EpTest, LowLatencyLogfmtNeedsAMultipleOf512Channels) {
+  auto buffer = make_buffer();  // H = 256
+  const Tokens tk = make_tokens();
+  const LowLatencyDispatchResult d =
+      buffer->low_latency_dispatch(tk.x, tk.topk, kTmax, E(), {.use_fp8 = false});
+  try {
+    buffer->low_latency_combine(d.recv_x, tk.topk, tk.weights, d.handle, {.use_logfmt = true});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("use_logfmt"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(buffer->is_available());
 }
 
 }  // namespace
