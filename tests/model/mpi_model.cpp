@@ -159,13 +159,3 @@ TEST_F(ExpertParallel, SchedulerServesEveryRanksRequestsLikeOneRank) {
 
 }  // namespace
 }  // namespace dsk::model
-
-int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  ::testing::InitGoogleTest(&argc, argv);
-  // Every rank prints its own results; any rank's failure fails the run (mpirun's exit code).
-  const int rc = RUN_ALL_TESTS();
-  MPI_Finalize();
-  return rc;
-}
