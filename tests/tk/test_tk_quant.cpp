@@ -106,6 +106,10 @@ TEST_P(Quant, NonFiniteValuesFollowTheReference) {
   x.at<float>({0, 5}) = NAN;
   x.at<float>({1, 130}) = std::numeric_limits<float>::infinity();
   x.at<float>({2, 300}) = -std::numeric_limits<float>::infinity();
+  // A negative NaN next to a positive one: its code keeps its sign (0xFF) with both kinds of
+  // scales, and with f32 scales the other codes of its block are 0x7F (quant::quantize_e4m3).
+  x.at<float>({3, 7}) = -std::numeric_limits<float>::quiet_NaN();
+  x.at<float>({3, 9}) = std::numeric_limits<float>::quiet_NaN();
   for (bool round_sf : {false, true}) {
     for (std::string_view fmt : {"e4m3", "e2m1"}) {
       const QuantTensor got = per_token_cast(x, fmt, 128, false, round_sf);
@@ -123,6 +127,14 @@ TEST_P(Quant, NonFiniteValuesFollowTheReference) {
   EXPECT_EQ(a.sf.at<float>({0, 1}), b.sf.at<float>({0, 1}));
   EXPECT_TRUE(std::isnan(a.sf.at<float>({0, 0})));
   EXPECT_TRUE(std::isinf(a.sf.at<float>({1, 1})));
+  for (bool round_sf : {false, true}) {
+    const QuantTensor c = per_token_cast(x, "e4m3", 128, false, round_sf);
+    EXPECT_EQ(c.data.at<e4m3>({3, 7}).bits, 0xFF) << "round_sf " << round_sf;
+    EXPECT_EQ(c.data.at<e4m3>({3, 9}).bits, 0x7F) << "round_sf " << round_sf;
+    if (!round_sf) {
+      EXPECT_EQ(c.data.at<e4m3>({3, 8}).bits, 0x7F);
+    }
+  }
 }
 
 // bf16 rows in blocks of 32 / 64 / 128 take the 16-bit path when the inverse scale is a power of
@@ -147,8 +159,9 @@ TEST_P(Quant, Bf16BlocksWithEveryKindOfValueMatchTheReference) {
   x.at<bf16>({5, 40}) = numeric::f32_to_bf16(std::numeric_limits<float>::infinity());
   x.at<bf16>({6, 700}) = numeric::f32_to_bf16(-std::numeric_limits<float>::infinity());
   x.at<bf16>({7, 129}) = bf16{0x7FC1};
-  // A positive NaN: the sign bit of a NaN code is not specified (x86 keeps the first operand's).
   x.at<bf16>({8, 1100}) = bf16{0x7F80 | 0x21};
+  x.at<bf16>({9, 1000}) = bf16{0xFF80 | 0x21};  // a negative NaN keeps its sign
+  x.at<bf16>({9, 100}) = bf16{0xFFC0};
   for (int g : {128, 64, 32})
     for (bool round_sf : {true, false}) {
       const QuantTensor got = per_token_cast(x, "e4m3", g, false, round_sf);
@@ -161,6 +174,36 @@ TEST_P(Quant, Bf16BlocksWithEveryKindOfValueMatchTheReference) {
       EXPECT_TRUE(bitwise_equal(packed.data, want.data)) << "seed " << seed;
       EXPECT_TRUE(bitwise_equal(packed.sf, want.sf)) << "seed " << seed;
     }
+}
+
+// NaNs of both signs in blocks with f32 and UE8M0 scales: per-token (f32 and bf16 rows),
+// per-block and per-channel codes equal the reference and dsk::gemm's quantizers bit for bit (the
+// NaN rule of quant::quantize_e4m3, which does not depend on the compiler's operand order).
+TEST_P(Quant, NaNCodesOfBothSignsMatchTheReferenceInEveryCast) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Tensor x = ref::randn({256, 512}, DType::f32, seed);
+  for (auto [r, c, sign] :
+       {std::tuple{0, 3, -1.0f}, {0, 70, 1.0f}, {130, 300, -1.0f}, {255, 511, -1.0f}})
+    x.at<float>({r, c}) = std::copysign(std::numeric_limits<float>::quiet_NaN(), sign);
+  Tensor xb = Tensor::empty(x.sizes(), DType::bf16);
+  for (int64_t i = 0; i < x.numel(); ++i)
+    xb.data<bf16>()[i] = numeric::f32_to_bf16(x.data<float>()[i]);
+  for (bool round_sf : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "round_sf " << round_sf);
+    for (const Tensor& in : {x, xb}) {
+      const QuantTensor t = per_token_cast(in, "e4m3", 128, false, round_sf);
+      EXPECT_TRUE(same_cast(t, ref::tk::per_token_cast(in, "e4m3", 128, round_sf), 256, 4));
+      EXPECT_TRUE(bitwise_equal(t.data, gemm::per_token_cast_to_fp8(in, round_sf).data));
+      EXPECT_EQ(t.data.at<e4m3>({0, 3}).bits, 0xFF);
+    }
+    const QuantTensor b = per_block_cast(xb, "e4m3", {128, 128}, false, round_sf);
+    EXPECT_TRUE(same_cast(b, ref::tk::per_block_cast(xb, "e4m3", {128, 128}, round_sf), 2, 4));
+    EXPECT_TRUE(bitwise_equal(b.data, gemm::per_block_cast_to_fp8(xb, round_sf).data));
+    const QuantTensor ch = per_channel_cast(xb, "e4m3", 128, round_sf);
+    EXPECT_TRUE(same_cast(ch, ref::tk::per_channel_cast(xb, "e4m3", 128, round_sf), 2, 512));
+    EXPECT_TRUE(bitwise_equal(ch.data, gemm::per_channel_cast_to_fp8(xb, round_sf).data));
+  }
 }
 
 TEST_P(Quant, PerBlockAndPerChannelCasts) {

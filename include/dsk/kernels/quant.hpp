@@ -28,8 +28,14 @@ constexpr float inverse_scale(float sf) {
   return 1.0f / sf;
 }
 
+// The code of x: x * inv_sf rounded to e4m3, where a NaN x keeps its own NaN (sign included).
+// That only matters in a block holding a NaN with f32 scales (sf and inv_sf NaN): IEEE leaves
+// open which of two NaN operands a product returns, x86 returns the first, and compilers swap
+// the operands of a product, so x * inv_sf alone made the sign of such a code depend on the
+// build. With this rule a NaN x codes as 0x7F or 0xFF by its sign and every other element of the
+// block as 0x7F (the positive NaN that 1 / NaN is), in the reference and in every kernel.
 constexpr e4m3 quantize_e4m3(float x, float inv_sf) {
-  return numeric::f32_to_e4m3(x * inv_sf);
+  return numeric::f32_to_e4m3(x != x ? x : x * inv_sf);
 }
 constexpr uint8_t quantize_e2m1(float x, float inv_sf) {
   return numeric::f32_to_e2m1(x * inv_sf);

@@ -170,6 +170,14 @@ DSK_TK_INLINE typename S::F load_part(const T* p, int n) {
   return n == 16 ? S::load(p) : S::load_n(p, n);
 }
 
+// x * inv with quant::quantize_e4m3's NaN rule (a NaN x keeps its own NaN). Only a NaN inv can
+// make the product's NaN ambiguous, so callers whose inverse scale is known to be a number use
+// S::mul directly.
+template <class S>
+DSK_TK_INLINE typename S::F scaled(typename S::F x, typename S::F inv) {
+  return S::select(S::isnan(x), x, S::mul(x, inv));
+}
+
 // Any block (any length, any start): amax over the block, then codes, reading v twice.
 template <class S, class T>
 DSK_TK_INLINE void quantize_block_any(const T* v, int64_t start, int64_t end, const QuantOut& q,
@@ -184,7 +192,7 @@ DSK_TK_INLINE void quantize_block_any(const T* v, int64_t start, int64_t end, co
   const auto inv = S::set1(quant::inverse_scale(sf));
   for (int64_t c = start; c < end; c += 16) {
     const int n = static_cast<int>(end - c < 16 ? end - c : 16);
-    store_codes<S>(q, out, c, S::mul(load_part<S>(v + c, n), inv), n);
+    store_codes<S>(q, out, c, scaled<S>(load_part<S>(v + c, n), inv), n);
   }
 }
 
@@ -233,9 +241,11 @@ DSK_TK_INLINE void quantize_row_fixed(const T* v, int64_t cols, const QuantOut& 
         continue;
       }
       const auto s = S::set1(inv[b]);
+      const bool nan_block = inv[b] != inv[b];
       for (int i = 0; i < kVectors; ++i) {
         const int64_t c = (kb0 + b) * kGroup + 16 * i;
-        const auto y = S::mul(S::load(chunk + b * kGroup + 16 * i), s);
+        const auto x = S::load(chunk + b * kGroup + 16 * i);
+        const auto y = nan_block ? scaled<S>(x, s) : S::mul(x, s);
         if constexpr (kFmt == QuantFormat::e4m3)
           S::store_e4m3(reinterpret_cast<e4m3*>(out) + c, y);
         else
@@ -290,10 +300,13 @@ DSK_TK_INLINE void quantize_row_bf16_e4m3(const bf16* v, int64_t cols, const Qua
         const auto s = S::e4m3_pow2(k);
         for (int i = 0; i < kVectors; ++i)
           S::store_e4m3_bf16x32_pow2(codes + 32 * i, x + 32 * i, s);
-      } else {
+      } else {  // f32 scales, or a NaN block
         const auto s = S::set1(inv[b]);
-        for (int i = 0; i < 2 * kVectors; ++i)
-          S::store_e4m3(codes + 16 * i, S::mul(S::load(x + 16 * i), s));
+        const bool nan_block = inv[b] != inv[b];
+        for (int i = 0; i < 2 * kVectors; ++i) {
+          const auto y = S::load(x + 16 * i);
+          S::store_e4m3(codes + 16 * i, nan_block ? scaled<S>(y, s) : S::mul(y, s));
+        }
       }
     }
   }
@@ -435,8 +448,8 @@ DSK_TK_INLINE void block_cast_strips(const BlockCastArgs& a, int64_t br, int64_t
       for (int64_t v = 0; v < vectors; ++v) {
         const int64_t c = s0 + 16 * v;
         const int n = static_cast<int>(s1 - c < 16 ? s1 - c : 16);
-        store_codes<S>(a.q, out, c, S::mul(load_part<S>(row + c, n), S::set1(inv[v / per_block])),
-                       n);
+        store_codes<S>(a.q, out, c,
+                       scaled<S>(load_part<S>(row + c, n), S::set1(inv[v / per_block])), n);
       }
     }
   }
@@ -476,7 +489,8 @@ void block_cast_rows(const BlockCastArgs& a, int64_t br0, int64_t br1) {
         uint8_t* out = static_cast<uint8_t*>(a.q.out) + r * a.q.out_stride;
         for (int64_t c = start; c < end; c += 16) {
           const int n = static_cast<int>(end - c < 16 ? end - c : 16);
-          quant_detail::store_codes<S>(a.q, out, c, S::mul(load_part<S>(row + c, n), inv), n);
+          quant_detail::store_codes<S>(a.q, out, c,
+                                       quant_detail::scaled<S>(load_part<S>(row + c, n), inv), n);
         }
       }
     }
@@ -512,7 +526,7 @@ void channel_cast_rows(const BlockCastArgs& a, int64_t br0, int64_t br1) {
       for (int64_t r = r_begin; r < r_end; ++r) {
         const auto x = load_part<S>(static_cast<const T*>(a.x) + r * a.x_stride + c, n);
         uint8_t* out = static_cast<uint8_t*>(a.q.out) + r * a.q.out_stride;
-        quant_detail::store_codes<S>(a.q, out, c, S::mul(x, inv_v), n);
+        quant_detail::store_codes<S>(a.q, out, c, quant_detail::scaled<S>(x, inv_v), n);
       }
     }
   }
