@@ -75,6 +75,35 @@ TEST(QuantBf16E4m3, StoreIsTheF32PathOnBothBackendsWithFallback) {
   }
 }
 
+// The e2m1 integer path (thresholds scaled by 2^-k on the bf16 bits) on every bf16 pattern
+// (zeros, subnormals, inf, NaN of both signs included) and every exponent it takes, against the
+// f32 path and the generic Simd store, byte for byte.
+TEST(QuantBf16E2m1, IntegerPathIsTheF32PathForEveryBf16AndExponent) {
+  DSK_SKIP_UNLESS_BACKEND(Backend::avx512);
+  const std::vector<bf16> x = every_bf16();
+  std::vector<uint8_t> avx(x.size() / 2), generic(x.size() / 2);
+  for (int k = -125; k <= 124; ++k) {
+    const auto sa = Avx::e2m1_pow2(k);
+    const auto sg = Generic::e2m1_pow2(k);
+    std::memset(avx.data(), 0xAB, avx.size());
+    std::memset(generic.data(), 0xCD, generic.size());
+    for (size_t i = 0; i < x.size(); i += 32) {
+      Avx::store_e2m1_bf16x32_pow2(reinterpret_cast<fp4x2*>(avx.data() + i / 2), x.data() + i, sa);
+      Generic::store_e2m1_bf16x32_pow2(reinterpret_cast<fp4x2*>(generic.data() + i / 2),
+                                       x.data() + i, sg);
+    }
+    const float scale = std::ldexp(1.0f, k);
+    for (size_t i = 0; i < x.size(); i += 2) {
+      const uint8_t want =
+          numeric::pack_e2m1(numeric::f32_to_e2m1(numeric::bf16_to_f32(x[i]) * scale),
+                             numeric::f32_to_e2m1(numeric::bf16_to_f32(x[i + 1]) * scale))
+              .bits;
+      ASSERT_EQ(avx[i / 2], want) << "bf16 " << i << " k " << k;
+      ASSERT_EQ(generic[i / 2], want) << "bf16 " << i << " k " << k;
+    }
+  }
+}
+
 // The f32 variant: random bit patterns, and values drawn near the two ends of the range (the
 // exponents around 2^(-6-k), mantissas around 464 * 2^-k), every scale exponent.
 TEST(QuantBf16E4m3, F32IntegerPathIsTheF32Path) {

@@ -357,6 +357,44 @@ inline __m256i bf16x32_to_e4m3_pow2(__m512i x, const Bf16ToE4m3Pow2& c, __mmask3
   return _mm512_cvtepi16_epi8(_mm512_ternarylogic_epi32(code, sign, _mm512_set1_epi16(0x80), 0xF8));
 }
 
+// ---- bf16 -> e2m1 with a power-of-two scale, on 32 16-bit lanes ----
+//
+// f32x16_to_e2m1(x * 2^k) counts the thresholds 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 that
+// |x| * 2^k exceeds. For k in [-125, 124] that count is read off the bf16 bits of |x| with k
+// added to the exponent field by unsigned saturating arithmetic: where the sum is a normal it is
+// |x| * 2^k exactly (an exact product in f32); where it saturates at 0 or 0xFFFF the product is
+// below 0.25 or above 5 (or inf) anyway; and a bf16 subnormal x gives a sum below 0x3E80 (0.25),
+// as its product is. For non-negative bf16 integer order is value order, so the thresholds are
+// compared as integers. As in the rule, NaN codes 0 and a negative value its magnitude's code
+// with bit 3 set unless that code is 0.
+struct Bf16ToE2m1Pow2 {
+  __m512i shift;  // |k| * 128 in every word
+  bool up;        // k >= 0
+};
+
+inline Bf16ToE2m1Pow2 bf16_to_e2m1_pow2(int k) {
+  return {_mm512_set1_epi16(static_cast<int16_t>((k < 0 ? -k : k) * 128)), k >= 0};
+}
+
+// 32 bf16 (the words of x) -> 16 bytes of e2m1 codes of x * 2^k (even value in the low nibble).
+inline __m128i bf16x32_to_e2m1_pow2(__m512i x, const Bf16ToE2m1Pow2& c) {
+  constexpr int16_t kThresholds[7] = {0x3E80, 0x3F40, 0x3FA0, 0x3FE0, 0x4020, 0x4060, 0x40A0};
+  const __m512i abs_bits = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
+  const __m512i scaled =
+      c.up ? _mm512_adds_epu16(abs_bits, c.shift) : _mm512_subs_epu16(abs_bits, c.shift);
+  const __m512i one = _mm512_set1_epi16(1);
+  __m512i code = _mm512_setzero_si512();
+  for (int16_t t : kThresholds)
+    code = _mm512_mask_add_epi16(code, _mm512_cmpgt_epu16_mask(scaled, _mm512_set1_epi16(t)), code,
+                                 one);
+  const __mmask32 number = _mm512_cmple_epu16_mask(abs_bits, _mm512_set1_epi16(0x7F80));
+  const __mmask32 negative = _mm512_movepi16_mask(x) & _mm512_test_epi16_mask(code, code);
+  code = _mm512_mask_add_epi16(code, negative, code, _mm512_set1_epi16(0x8));  // codes are < 8
+  code = _mm512_maskz_mov_epi16(number, code);
+  // Words (even, odd) of each 32-bit lane -> even | odd << 4 in its low byte.
+  return _mm512_cvtepi32_epi8(_mm512_or_si512(code, _mm512_srli_epi32(code, 12)));
+}
+
 inline __m128i f32x16_to_e5m2(__m512 x) {
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i abs_bits = _mm512_and_si512(bits, convert_detail::set1_u32(0x7FFFFFFFu));

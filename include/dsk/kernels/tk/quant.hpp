@@ -256,17 +256,20 @@ DSK_TK_INLINE void quantize_row_fixed(const T* v, int64_t cols, const QuantOut& 
   if (whole * kGroup < cols) quantize_block_any<S>(v, whole * kGroup, cols, q, out, r, whole);
 }
 
-// quantize_row_fixed for bf16 rows to e4m3 in blocks of 32 * kVectors values, on 32-lane 16-bit
-// vectors: the amax over the bf16 bits (no widening), and, where the inverse scale is a power of
-// two, the codes by Simd::store_e4m3_bf16x32_pow2 (rebias and integer rounding of the bf16 bits:
-// the product by 2^k is exact, so these are the codes of the f32 path, bit for bit). Other blocks
-// (f32 scales that are not powers of two, NaN blocks) take the f32 path.
-template <class S, int kVectors>
-DSK_TK_INLINE void quantize_row_bf16_e4m3(const bf16* v, int64_t cols, const QuantOut& q,
-                                          int64_t r) {
+// quantize_row_fixed for bf16 rows in blocks of 32 * kVectors values, on 32-lane 16-bit vectors:
+// the amax over the bf16 bits (no widening), and, where the inverse scale is a power of two 2^k,
+// the codes on the bf16 bits: Simd::store_e4m3_bf16x32_pow2 (rebias and integer rounding) or
+// Simd::store_e2m1_bf16x32_pow2 (thresholds scaled by 2^-k). The product by 2^k is exact, so
+// these are the codes of the f32 path, bit for bit. Other blocks (f32 scales that are not powers
+// of two, NaN blocks, k outside the e2m1 range) take the f32 path.
+template <class S, QuantFormat kFmt, int kVectors>
+DSK_TK_INLINE void quantize_row_bf16(const bf16* v, int64_t cols, const QuantOut& q, int64_t r) {
+  constexpr bool kE4m3 = kFmt == QuantFormat::e4m3;
   constexpr int64_t kGroup = 32 * kVectors;
+  constexpr int64_t kGroupBytes = kE4m3 ? kGroup : kGroup / 2;
   constexpr int kChunk = 8192 / kGroup;
-  e4m3* out = reinterpret_cast<e4m3*>(static_cast<uint8_t*>(q.out) + r * q.out_stride);
+  constexpr float kMax = kE4m3 ? numeric::kE4m3Max : numeric::kE2m1Max;
+  uint8_t* out = static_cast<uint8_t*>(q.out) + r * q.out_stride;
   const int64_t whole = cols / kGroup;
   int32_t amax_bits[kChunk];
   float inv[kChunk];
@@ -280,14 +283,15 @@ DSK_TK_INLINE void quantize_row_bf16_e4m3(const bf16* v, int64_t cols, const Qua
       amax_bits[b] = S::bf16_absmax_f32_bits(amax);
     }
     for (int b = 0; b < n; ++b) {
-      const float sf = scale_of(Amax<S>::finish(amax_bits[b]), numeric::kE4m3Max, q.round_sf);
+      const float sf = scale_of(Amax<S>::finish(amax_bits[b]), kMax, q.round_sf);
       store_scale(q.sf, r, kb0 + b, sf);
       inv[b] = quant::inverse_scale(sf);
     }
     for (int b = 0; b < n; ++b) {
       const bf16* x = chunk + b * kGroup;
-      e4m3* codes = out + (kb0 + b) * kGroup;
-      const int k = pow2_exponent(inv[b]);
+      uint8_t* codes = out + (kb0 + b) * kGroupBytes;
+      int k = pow2_exponent(inv[b]);
+      if (!kE4m3 && k < -125) k = kNotPow2;  // a threshold * 2^-k would not be a bf16 normal
       // The next chunk's block b: its loads overlap this chunk's conversions, which otherwise
       // leave the memory idle (1.3x on one thread for a cold 4096 x 7168 cast).
       // (Integer addresses: the last chunk's prefetch points past the row, which is harmless for
@@ -296,22 +300,29 @@ DSK_TK_INLINE void quantize_row_bf16_e4m3(const bf16* v, int64_t cols, const Qua
         __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(x) +
                                                          (kChunk * kGroup + 32 * i) * sizeof(bf16)),
                            0, 3);
-      if (k != kNotPow2) {
+      if (k != kNotPow2 && kE4m3) {
         const auto s = S::e4m3_pow2(k);
         for (int i = 0; i < kVectors; ++i)
-          S::store_e4m3_bf16x32_pow2(codes + 32 * i, x + 32 * i, s);
+          S::store_e4m3_bf16x32_pow2(reinterpret_cast<e4m3*>(codes) + 32 * i, x + 32 * i, s);
+      } else if (k != kNotPow2) {
+        const auto s = S::e2m1_pow2(k);
+        for (int i = 0; i < kVectors; ++i)
+          S::store_e2m1_bf16x32_pow2(reinterpret_cast<fp4x2*>(codes) + 16 * i, x + 32 * i, s);
       } else {  // f32 scales, or a NaN block
         const auto s = S::set1(inv[b]);
         const bool nan_block = inv[b] != inv[b];
         for (int i = 0; i < 2 * kVectors; ++i) {
           const auto y = S::load(x + 16 * i);
-          S::store_e4m3(codes + 16 * i, nan_block ? scaled<S>(y, s) : S::mul(y, s));
+          const auto scaled_y = nan_block ? scaled<S>(y, s) : S::mul(y, s);
+          if constexpr (kE4m3)
+            S::store_e4m3(reinterpret_cast<e4m3*>(codes) + 16 * i, scaled_y);
+          else
+            S::store_e2m1(reinterpret_cast<fp4x2*>(codes) + 8 * i, scaled_y);
         }
       }
     }
   }
-  if (whole * kGroup < cols)
-    quantize_block_any<S>(v, whole * kGroup, cols, q, reinterpret_cast<uint8_t*>(out), r, whole);
+  if (whole * kGroup < cols) quantize_block_any<S>(v, whole * kGroup, cols, q, out, r, whole);
 }
 
 }  // namespace quant_detail
@@ -325,9 +336,10 @@ DSK_TK_INLINE void quantize_row(const T* v, int64_t cols, int64_t group, const Q
   using namespace quant_detail;
   const bool e4m3 = q.fmt == QuantFormat::e4m3;
   if constexpr (std::is_same_v<T, bf16>) {
-    if (e4m3 && group == 128) return quantize_row_bf16_e4m3<S, 4>(v, cols, q, r);
-    if (e4m3 && group == 64) return quantize_row_bf16_e4m3<S, 2>(v, cols, q, r);
-    if (e4m3 && group == 32) return quantize_row_bf16_e4m3<S, 1>(v, cols, q, r);
+    if (e4m3 && group == 128) return quantize_row_bf16<S, QuantFormat::e4m3, 4>(v, cols, q, r);
+    if (e4m3 && group == 64) return quantize_row_bf16<S, QuantFormat::e4m3, 2>(v, cols, q, r);
+    if (e4m3 && group == 32) return quantize_row_bf16<S, QuantFormat::e4m3, 1>(v, cols, q, r);
+    if (!e4m3 && group == 32) return quantize_row_bf16<S, QuantFormat::e2m1, 1>(v, cols, q, r);
   }
   switch (group) {
     case 16:

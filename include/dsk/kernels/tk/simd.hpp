@@ -146,6 +146,19 @@ struct Simd<tile::generic_t> {
   static void store_e4m3_pow2(e4m3* p, F x, const E4m3Pow2& s) {
     for (int i = 0; i < 16; ++i) p[i] = numeric::f32_to_e4m3(x.v[i] * s.scale);
   }
+  // 32 e2m1 codes (16 bytes) of x * scale, scale = 2^k with k in [-125, 124]:
+  // store_e2m1(mul(load(x), scale)) for both halves.
+  struct E2m1Pow2 {
+    float scale;
+  };
+  static E2m1Pow2 e2m1_pow2(int k) {
+    return {numeric::float_of(static_cast<uint32_t>(k + 127) << 23)};
+  }
+  static void store_e2m1_bf16x32_pow2(fp4x2* p, const bf16* x, const E2m1Pow2& s) {
+    for (int i = 0; i < 16; ++i)
+      p[i] = numeric::pack_e2m1(numeric::f32_to_e2m1(numeric::bf16_to_f32(x[2 * i]) * s.scale),
+                                numeric::f32_to_e2m1(numeric::bf16_to_f32(x[2 * i + 1]) * s.scale));
+  }
 
   // n (even) e2m1 values from n / 2 bytes.
   static F load_e2m1_n(const fp4x2* p, int n) {
@@ -452,6 +465,15 @@ struct Simd<tile::avx512_t> {
       return;
     }
     store_e4m3(p, mul(x, s.scale));
+  }
+  struct E2m1Pow2 {
+    tile::Bf16ToE2m1Pow2 fast;
+  };
+  static E2m1Pow2 e2m1_pow2(int k) { return {tile::bf16_to_e2m1_pow2(k)}; }
+  // Every lane is in range (see tile::bf16x32_to_e2m1_pow2): no fallback.
+  static void store_e2m1_bf16x32_pow2(fp4x2* p, const bf16* x, const E2m1Pow2& s) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     tile::bf16x32_to_e2m1_pow2(_mm512_loadu_si512(x), s.fast));
   }
 
   static F load_e4m3_n(const e4m3* p, int n) {
