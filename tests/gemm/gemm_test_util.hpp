@@ -52,11 +52,7 @@ inline Tensor poisoned(const Shape& shape, DType dtype) {
   return t;
 }
 
-inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return false;
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
-}
+using test::bitwise_equal;
 
 // ---- scoped settings ----
 

@@ -92,11 +92,7 @@ inline Tensor strided_copy(const Tensor& t, int64_t pad = 24) {
   return view;
 }
 
-inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return false;
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
-}
+using test::bitwise_equal;
 
 // Runs run() in deterministic mode with one thread and then with two or more; returns both
 // results (the settings are restored even when run() throws).
