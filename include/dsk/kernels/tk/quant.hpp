@@ -205,6 +205,18 @@ DSK_TK_INLINE int pow2_exponent(float inv) {
   return (b & 0x807FFFFFu) == 0 && e >= 1 && e <= 247 ? e - 127 : kNotPow2;
 }
 
+// The scales of n blocks kb0, kb0 + 1, ... of row r from their amax bits (Amax<S>): stored, and
+// their inverses written to inv (the middle pass of the row quantizers below).
+template <class S>
+DSK_TK_INLINE void chunk_scales(const int32_t* amax_bits, int n, float fmt_max, const QuantOut& q,
+                                int64_t r, int64_t kb0, float* inv) {
+  for (int b = 0; b < n; ++b) {
+    const float sf = scale_of(Amax<S>::finish(amax_bits[b]), fmt_max, q.round_sf);
+    store_scale(q.sf, r, kb0 + b, sf);
+    inv[b] = quant::inverse_scale(sf);
+  }
+}
+
 // The whole blocks of a row in chunks of kChunk blocks, in three passes per chunk: the amax of
 // every block, then every scale, then the codes. Done block by block, each block's scalar chain
 // (reduction, two divisions) stalls its codes; done a chunk at a time, the chains of a chunk are
@@ -226,11 +238,7 @@ DSK_TK_INLINE void quantize_row_fixed(const T* v, int64_t cols, const QuantOut& 
       for (int i = 0; i < kVectors; ++i) amax.add(S::load(chunk + b * kGroup + 16 * i));
       amax_bits[b] = S::ireduce_max(amax.bits);
     }
-    for (int b = 0; b < n; ++b) {
-      const float sf = scale_of(Amax<S>::finish(amax_bits[b]), kMax, q.round_sf);
-      store_scale(q.sf, r, kb0 + b, sf);
-      inv[b] = quant::inverse_scale(sf);
-    }
+    chunk_scales<S>(amax_bits, n, kMax, q, r, kb0, inv);
     for (int b = 0; b < n; ++b) {
       const int k = kFmt == QuantFormat::e4m3 ? pow2_exponent(inv[b]) : kNotPow2;
       if (k != kNotPow2) {  // e4m3 with a power-of-two inverse scale: no product, integer rounding
@@ -282,11 +290,7 @@ DSK_TK_INLINE void quantize_row_bf16(const bf16* v, int64_t cols, const QuantOut
         amax = S::bf16_absmax_add(amax, chunk + b * kGroup + 32 * i);
       amax_bits[b] = S::bf16_absmax_f32_bits(amax);
     }
-    for (int b = 0; b < n; ++b) {
-      const float sf = scale_of(Amax<S>::finish(amax_bits[b]), kMax, q.round_sf);
-      store_scale(q.sf, r, kb0 + b, sf);
-      inv[b] = quant::inverse_scale(sf);
-    }
+    chunk_scales<S>(amax_bits, n, kMax, q, r, kb0, inv);
     for (int b = 0; b < n; ++b) {
       const bf16* x = chunk + b * kGroup;
       uint8_t* codes = out + (kb0 + b) * kGroupBytes;
