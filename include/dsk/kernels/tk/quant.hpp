@@ -171,8 +171,9 @@ DSK_TK_INLINE typename S::F load_part(const T* p, int n) {
 }
 
 // x * inv with quant::quantize_e4m3's NaN rule (a NaN x keeps its own NaN). Only a NaN inv can
-// make the product's NaN ambiguous, so callers whose inverse scale is known to be a number use
-// S::mul directly.
+// make the product's NaN ambiguous, but the select costs nothing measurable where a branch on the
+// inverse scale did (per_block_cast 10% slower), so only the row quantizers, whose block loops
+// branch anyway, keep S::mul for blocks with a number as inverse scale.
 template <class S>
 DSK_TK_INLINE typename S::F scaled(typename S::F x, typename S::F inv) {
   return S::select(S::isnan(x), x, S::mul(x, inv));
@@ -205,63 +206,76 @@ DSK_TK_INLINE int pow2_exponent(float inv) {
   return (b & 0x807FFFFFu) == 0 && e >= 1 && e <= 247 ? e - 127 : kNotPow2;
 }
 
-// The scales of n blocks kb0, kb0 + 1, ... of row r from their amax bits (Amax<S>): stored, and
-// their inverses written to inv (the middle pass of the row quantizers below).
-template <class S>
-DSK_TK_INLINE void chunk_scales(const int32_t* amax_bits, int n, float fmt_max, const QuantOut& q,
-                                int64_t r, int64_t kb0, float* inv) {
-  for (int b = 0; b < n; ++b) {
-    const float sf = scale_of(Amax<S>::finish(amax_bits[b]), fmt_max, q.round_sf);
-    store_scale(q.sf, r, kb0 + b, sf);
-    inv[b] = quant::inverse_scale(sf);
-  }
-}
+// The row quantizers' loop over the whole blocks of kGroup values of row r, a chunk of
+// kChunkValues / kGroup blocks at a time, in three passes per chunk: block_amax(x) gives the amax
+// bits (as Amax<S>) of the block at x, then every scale of the chunk is stored, then block_codes(x,
+// kb, inv) writes the codes of block kb. Done block by block, each block's scalar chain (reduction,
+// two divisions) stalled its codes; done a chunk at a time, the chains of a chunk are independent
+// and overlap, and the second read of the chunk (16 KiB of bf16, 32 KiB of f32) hits L1. A last
+// partial block goes through quantize_block_any.
+inline constexpr int64_t kChunkValues = 8192;
 
-// The whole blocks of a row in chunks of kChunk blocks, in three passes per chunk: the amax of
-// every block, then every scale, then the codes. Done block by block, each block's scalar chain
-// (reduction, two divisions) stalls its codes; done a chunk at a time, the chains of a chunk are
-// independent and overlap, and the second read of the chunk (at most 16 KiB) hits L1.
-template <class S, QuantFormat kFmt, int kVectors, class T>
-DSK_TK_INLINE void quantize_row_fixed(const T* v, int64_t cols, const QuantOut& q, int64_t r) {
-  constexpr int64_t kGroup = 16 * kVectors;
-  constexpr int kChunk = 8192 / kGroup;
+template <class S, QuantFormat kFmt, int64_t kGroup, class T, class BlockAmax, class BlockCodes>
+DSK_TK_INLINE void quantize_row_chunked(const T* v, int64_t cols, const QuantOut& q, int64_t r,
+                                        BlockAmax block_amax, BlockCodes block_codes) {
+  constexpr int kChunk = static_cast<int>(kChunkValues / kGroup);
   constexpr float kMax = kFmt == QuantFormat::e4m3 ? numeric::kE4m3Max : numeric::kE2m1Max;
-  uint8_t* out = static_cast<uint8_t*>(q.out) + r * q.out_stride;
   const int64_t whole = cols / kGroup;
   int32_t amax_bits[kChunk];
   float inv[kChunk];
   for (int64_t kb0 = 0; kb0 < whole; kb0 += kChunk) {
     const int n = static_cast<int>(whole - kb0 < kChunk ? whole - kb0 : kChunk);
-    const T* chunk = v + kb0 * kGroup;
+    for (int b = 0; b < n; ++b) amax_bits[b] = block_amax(v + (kb0 + b) * kGroup);
     for (int b = 0; b < n; ++b) {
-      Amax<S> amax;
-      for (int i = 0; i < kVectors; ++i) amax.add(S::load(chunk + b * kGroup + 16 * i));
-      amax_bits[b] = S::ireduce_max(amax.bits);
+      const float sf = scale_of(Amax<S>::finish(amax_bits[b]), kMax, q.round_sf);
+      store_scale(q.sf, r, kb0 + b, sf);
+      inv[b] = quant::inverse_scale(sf);
     }
-    chunk_scales<S>(amax_bits, n, kMax, q, r, kb0, inv);
-    for (int b = 0; b < n; ++b) {
-      const int k = kFmt == QuantFormat::e4m3 ? pow2_exponent(inv[b]) : kNotPow2;
-      if (k != kNotPow2) {  // e4m3 with a power-of-two inverse scale: no product, integer rounding
+    for (int b = 0; b < n; ++b) block_codes(v + (kb0 + b) * kGroup, kb0 + b, inv[b]);
+  }
+  if (whole * kGroup < cols)
+    quantize_block_any<S>(v, whole * kGroup, cols, q,
+                          static_cast<uint8_t*>(q.out) + r * q.out_stride, r, whole);
+}
+
+// The codes of a block of kGroup values at x by the f32 product x * inv, to `codes` (the block's
+// first code byte): the path of scales that are not powers of two and of NaN blocks.
+template <class S, QuantFormat kFmt, int64_t kGroup, class T>
+DSK_TK_INLINE void block_codes_f32(const T* x, float inv, uint8_t* codes) {
+  const auto s = S::set1(inv);
+  const bool nan_block = inv != inv;
+  for (int64_t i = 0; i < kGroup / 16; ++i) {
+    const auto y = S::load(x + 16 * i);
+    const auto scaled_y = nan_block ? scaled<S>(y, s) : S::mul(y, s);
+    if constexpr (kFmt == QuantFormat::e4m3)
+      S::store_e4m3(reinterpret_cast<e4m3*>(codes) + 16 * i, scaled_y);
+    else
+      S::store_e2m1(reinterpret_cast<fp4x2*>(codes) + 8 * i, scaled_y);
+  }
+}
+
+// Rows of any T in blocks of 16 * kVectors values; e4m3 codes of power-of-two inverse scales by
+// integer rounding (Simd::store_e4m3_pow2: no product), the rest by block_codes_f32.
+template <class S, QuantFormat kFmt, int kVectors, class T>
+DSK_TK_INLINE void quantize_row_fixed(const T* v, int64_t cols, const QuantOut& q, int64_t r) {
+  constexpr int64_t kGroup = 16 * kVectors;
+  constexpr int64_t kGroupBytes = kFmt == QuantFormat::e4m3 ? kGroup : kGroup / 2;
+  uint8_t* out = static_cast<uint8_t*>(q.out) + r * q.out_stride;
+  quantize_row_chunked<S, kFmt, kGroup>(
+      v, cols, q, r,
+      [](const T* x) {
+        Amax<S> amax;
+        for (int i = 0; i < kVectors; ++i) amax.add(S::load(x + 16 * i));
+        return S::ireduce_max(amax.bits);
+      },
+      [&](const T* x, int64_t kb, float inv) {
+        const int k = kFmt == QuantFormat::e4m3 ? pow2_exponent(inv) : kNotPow2;
+        if (k == kNotPow2) return block_codes_f32<S, kFmt, kGroup>(x, inv, out + kb * kGroupBytes);
         const auto s = S::e4m3_pow2(k);
         for (int i = 0; i < kVectors; ++i)
-          S::store_e4m3_pow2(reinterpret_cast<e4m3*>(out) + (kb0 + b) * kGroup + 16 * i,
-                             S::load(chunk + b * kGroup + 16 * i), s);
-        continue;
-      }
-      const auto s = S::set1(inv[b]);
-      const bool nan_block = inv[b] != inv[b];
-      for (int i = 0; i < kVectors; ++i) {
-        const int64_t c = (kb0 + b) * kGroup + 16 * i;
-        const auto x = S::load(chunk + b * kGroup + 16 * i);
-        const auto y = nan_block ? scaled<S>(x, s) : S::mul(x, s);
-        if constexpr (kFmt == QuantFormat::e4m3)
-          S::store_e4m3(reinterpret_cast<e4m3*>(out) + c, y);
-        else
-          S::store_e2m1(reinterpret_cast<fp4x2*>(out) + c / 2, y);
-      }
-    }
-  }
-  if (whole * kGroup < cols) quantize_block_any<S>(v, whole * kGroup, cols, q, out, r, whole);
+          S::store_e4m3_pow2(reinterpret_cast<e4m3*>(out) + kb * kGroup + 16 * i,
+                             S::load(x + 16 * i), s);
+      });
 }
 
 // quantize_row_fixed for bf16 rows in blocks of 32 * kVectors values, on 32-lane 16-bit vectors:
@@ -275,58 +289,37 @@ DSK_TK_INLINE void quantize_row_bf16(const bf16* v, int64_t cols, const QuantOut
   constexpr bool kE4m3 = kFmt == QuantFormat::e4m3;
   constexpr int64_t kGroup = 32 * kVectors;
   constexpr int64_t kGroupBytes = kE4m3 ? kGroup : kGroup / 2;
-  constexpr int kChunk = 8192 / kGroup;
-  constexpr float kMax = kE4m3 ? numeric::kE4m3Max : numeric::kE2m1Max;
   uint8_t* out = static_cast<uint8_t*>(q.out) + r * q.out_stride;
-  const int64_t whole = cols / kGroup;
-  int32_t amax_bits[kChunk];
-  float inv[kChunk];
-  for (int64_t kb0 = 0; kb0 < whole; kb0 += kChunk) {
-    const int n = static_cast<int>(whole - kb0 < kChunk ? whole - kb0 : kChunk);
-    const bf16* chunk = v + kb0 * kGroup;
-    for (int b = 0; b < n; ++b) {
-      auto amax = S::bf16_absmax_zero();
-      for (int i = 0; i < kVectors; ++i)
-        amax = S::bf16_absmax_add(amax, chunk + b * kGroup + 32 * i);
-      amax_bits[b] = S::bf16_absmax_f32_bits(amax);
-    }
-    chunk_scales<S>(amax_bits, n, kMax, q, r, kb0, inv);
-    for (int b = 0; b < n; ++b) {
-      const bf16* x = chunk + b * kGroup;
-      uint8_t* codes = out + (kb0 + b) * kGroupBytes;
-      int k = pow2_exponent(inv[b]);
-      if (!kE4m3 && k < -125) k = kNotPow2;  // a threshold * 2^-k would not be a bf16 normal
-      // The next chunk's block b: its loads overlap this chunk's conversions, which otherwise
-      // leave the memory idle (1.3x on one thread for a cold 4096 x 7168 cast).
-      // (Integer addresses: the last chunk's prefetch points past the row, which is harmless for
-      // a prefetch but not a valid pointer.)
-      for (int i = 0; i < kVectors; ++i)
-        __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(x) +
-                                                         (kChunk * kGroup + 32 * i) * sizeof(bf16)),
-                           0, 3);
-      if (k != kNotPow2 && kE4m3) {
-        const auto s = S::e4m3_pow2(k);
+  quantize_row_chunked<S, kFmt, kGroup>(
+      v, cols, q, r,
+      [](const bf16* x) {
+        auto amax = S::bf16_absmax_zero();
+        for (int i = 0; i < kVectors; ++i) amax = S::bf16_absmax_add(amax, x + 32 * i);
+        return S::bf16_absmax_f32_bits(amax);
+      },
+      [&](const bf16* x, int64_t kb, float inv) {
+        uint8_t* codes = out + kb * kGroupBytes;
+        int k = pow2_exponent(inv);
+        if (!kE4m3 && k < -125) k = kNotPow2;  // a threshold * 2^-k would not be a bf16 normal
+        // The next chunk's block: its loads overlap this chunk's conversions, which otherwise
+        // leave the memory idle (1.3x on one thread for a cold 4096 x 7168 cast). (Integer
+        // addresses: the last chunk's prefetch points past the row, which is harmless for a
+        // prefetch but not a valid pointer.)
         for (int i = 0; i < kVectors; ++i)
-          S::store_e4m3_bf16x32_pow2(reinterpret_cast<e4m3*>(codes) + 32 * i, x + 32 * i, s);
-      } else if (k != kNotPow2) {
-        const auto s = S::e2m1_pow2(k);
-        for (int i = 0; i < kVectors; ++i)
-          S::store_e2m1_bf16x32_pow2(reinterpret_cast<fp4x2*>(codes) + 16 * i, x + 32 * i, s);
-      } else {  // f32 scales, or a NaN block
-        const auto s = S::set1(inv[b]);
-        const bool nan_block = inv[b] != inv[b];
-        for (int i = 0; i < 2 * kVectors; ++i) {
-          const auto y = S::load(x + 16 * i);
-          const auto scaled_y = nan_block ? scaled<S>(y, s) : S::mul(y, s);
-          if constexpr (kE4m3)
-            S::store_e4m3(reinterpret_cast<e4m3*>(codes) + 16 * i, scaled_y);
-          else
-            S::store_e2m1(reinterpret_cast<fp4x2*>(codes) + 8 * i, scaled_y);
+          __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(x) +
+                                                           (kChunkValues + 32 * i) * sizeof(bf16)),
+                             0, 3);
+        if (k == kNotPow2) return block_codes_f32<S, kFmt, kGroup>(x, inv, codes);
+        if constexpr (kE4m3) {
+          const auto s = S::e4m3_pow2(k);
+          for (int i = 0; i < kVectors; ++i)
+            S::store_e4m3_bf16x32_pow2(reinterpret_cast<e4m3*>(codes) + 32 * i, x + 32 * i, s);
+        } else {
+          const auto s = S::e2m1_pow2(k);
+          for (int i = 0; i < kVectors; ++i)
+            S::store_e2m1_bf16x32_pow2(reinterpret_cast<fp4x2*>(codes) + 16 * i, x + 32 * i, s);
         }
-      }
-    }
-  }
-  if (whole * kGroup < cols) quantize_block_any<S>(v, whole * kGroup, cols, q, out, r, whole);
+      });
 }
 
 }  // namespace quant_detail
@@ -464,8 +457,8 @@ DSK_TK_INLINE void block_cast_strips(const BlockCastArgs& a, int64_t br, int64_t
       for (int64_t v = 0; v < vectors; ++v) {
         const int64_t c = s0 + 16 * v;
         const int n = static_cast<int>(s1 - c < 16 ? s1 - c : 16);
-        store_codes<S>(a.q, out, c,
-                       scaled<S>(load_part<S>(row + c, n), S::set1(inv[v / per_block])), n);
+        const float block_inv = inv[v / per_block];
+        store_codes<S>(a.q, out, c, scaled<S>(load_part<S>(row + c, n), S::set1(block_inv)), n);
       }
     }
   }
