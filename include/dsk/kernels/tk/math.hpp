@@ -13,38 +13,44 @@
 namespace dsk::tk::kernels {
 inline namespace DSK_TILE_ABI {
 
-// e^x. Cody-Waite reduction x = n ln2 + r (|r| <= ln2 / 2, ln2 split so n * ln2_hi is exact),
-// the degree-7 Taylor polynomial of e^r (truncation error below 6e-9), and the scaling by 2^n in
-// two halves so that results down to the subnormal range and up to the overflow threshold are
-// formed without an exponent overflow.
-template <class S>
+// e^(kSign x), kSign = +1 or -1. Cody-Waite reduction x = n ln2 + r (|r| <= ln2 / 2, ln2 split
+// so n * ln2_hi is exact), the degree-7 Taylor polynomial of e^r by Horner's rule in FMAs
+// (truncation error below 6e-9), and one scaling by 2^n (scalef: a single rounding, so results in
+// the subnormal range are correctly rounded from p, and n = 128 gives inf). The clamp keeps n in
+// [-150, 128]: e^-104 is below half the smallest subnormal and e^88.75 above the largest float, so
+// the clamped inputs still give 0 and inf.
+//
+// kSign = -1 computes e^-x without the negation: n, r and the coefficients change sign (r^k's
+// coefficient times (-1)^k), and every rounding is sign-symmetric, so the bits are those of
+// e^(-x). With kKeepNan a NaN x is returned; without, a NaN x gives a number (0 or inf), for
+// callers whose result is NaN anyway (silu: x / (1 + e^-x)).
+template <class S, bool kKeepNan = true, int kSign = 1>
 DSK_TK_INLINE typename S::F exp_body(typename S::F x) {
+  static_assert(kSign == 1 || kSign == -1);
   using F = typename S::F;
+  constexpr float s = kSign;
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;  // 8 significant bits
   constexpr float kLn2Lo = -2.12194440e-4f;
-  const F xc = S::min(S::max(x, S::set1(-104.0f)), S::set1(88.75f));  // NaN -> finite here
-  const F n = S::round(S::mul(xc, S::set1(kLog2e)));
-  const F r = S::sub(S::sub(xc, S::mul(n, S::set1(kLn2Hi))), S::mul(n, S::set1(kLn2Lo)));
+  constexpr float kLow = kSign > 0 ? -104.0f : -88.75f;
+  constexpr float kHigh = kSign > 0 ? 88.75f : 104.0f;
+  const F xc = S::min(S::max(x, S::set1(kLow)), S::set1(kHigh));  // NaN -> kLow here
+  const F n = S::round(S::mul(xc, S::set1(s * kLog2e)));
+  const F r = S::fma(n, S::set1(-s * kLn2Lo), S::fma(n, S::set1(-s * kLn2Hi), xc));
   // Horner's rule written out: compilers keep a loop over the coefficients at -O2.
-  F p = S::set1(1.0f / 5040);
-  p = S::add(S::mul(p, r), S::set1(1.0f / 720));
-  p = S::add(S::mul(p, r), S::set1(1.0f / 120));
-  p = S::add(S::mul(p, r), S::set1(1.0f / 24));
-  p = S::add(S::mul(p, r), S::set1(1.0f / 6));
-  p = S::add(S::mul(p, r), S::set1(0.5f));
-  p = S::add(S::mul(p, r), S::set1(1.0f));
-  p = S::add(S::mul(p, r), S::set1(1.0f));
-  // 2^n = 2^h * 2^(n - h) with h = n / 2 (arithmetic shift): both exponents stay in range.
-  const auto ni = S::to_int(n);
-  const auto half = S::template sra<1>(ni);
-  const auto bias = S::iset1(127);
-  const F scale_a = S::from_bits(S::template shl<23>(S::iadd(half, bias)));
-  const F scale_b = S::from_bits(S::template shl<23>(S::iadd(S::isub(ni, half), bias)));
-  F y = S::mul(S::mul(p, scale_a), scale_b);
-  y = S::select(S::gt(x, S::set1(88.75f)), S::set1(numeric::float_of(0x7F800000u)), y);
-  y = S::select(S::lt(x, S::set1(-104.0f)), S::zero(), y);
-  return S::select(S::isnan(x), x, y);
+  F p = S::set1(s / 5040);
+  p = S::fma(p, r, S::set1(1.0f / 720));
+  p = S::fma(p, r, S::set1(s / 120));
+  p = S::fma(p, r, S::set1(1.0f / 24));
+  p = S::fma(p, r, S::set1(s / 6));
+  p = S::fma(p, r, S::set1(0.5f));
+  p = S::fma(p, r, S::set1(s));
+  p = S::fma(p, r, S::set1(1.0f));
+  const F y = S::scalef(p, n);
+  if constexpr (kKeepNan)
+    return S::select(S::isnan(x), x, y);
+  else
+    return y;
 }
 
 // ln(x) for x > 0 (0 -> -inf, negative -> NaN, inf -> inf). x = 2^e * m with m in
@@ -94,6 +100,8 @@ struct ScalarLane {
   static F sub(F a, F b) { return a - b; }
   static F mul(F a, F b) { return a * b; }
   static F div(F a, F b) { return a / b; }
+  static F fma(F a, F b, F c) { return std::fma(a, b, c); }
+  static F scalef(F a, F n) { return std::ldexp(a, static_cast<int>(n)); }
   static F max(F a, F b) { return a > b ? a : b; }
   static F min(F a, F b) { return a < b ? a : b; }
   static F round(F a) { return std::nearbyint(a); }
@@ -105,9 +113,6 @@ struct ScalarLane {
   static I32 bits(F a) { return static_cast<I32>(numeric::bits_of(a)); }
   static F from_bits(I32 a) { return numeric::float_of(static_cast<uint32_t>(a)); }
   static I32 iset1(int32_t x) { return x; }
-  static I32 iadd(I32 a, I32 b) {
-    return static_cast<I32>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
-  }
   static I32 isub(I32 a, I32 b) {
     return static_cast<I32>(static_cast<uint32_t>(a) - static_cast<uint32_t>(b));
   }
@@ -119,16 +124,15 @@ struct ScalarLane {
   static I32 sra(I32 a) {
     return a >> kShift;
   }
-  static I32 to_int(F a) { return static_cast<I32>(a); }
   static F to_float(I32 a) { return static_cast<F>(a); }
 };
 
 }  // namespace math_detail
 
-template <class S>
+template <class S, bool kKeepNan, int kSign>
 __attribute__((noinline)) typename S::F exp_outlined(typename S::F x) {
   typename S::F r;
-  for (int i = 0; i < 16; ++i) r.v[i] = exp_body<math_detail::ScalarLane>(x.v[i]);
+  for (int i = 0; i < 16; ++i) r.v[i] = exp_body<math_detail::ScalarLane, kKeepNan, kSign>(x.v[i]);
   return r;
 }
 template <class S>
@@ -138,12 +142,12 @@ __attribute__((noinline)) typename S::F log_outlined(typename S::F x) {
   return r;
 }
 
-template <class S>
+template <class S, bool kKeepNan = true, int kSign = 1>
 DSK_TK_INLINE typename S::F exp(typename S::F x) {
   if constexpr (std::is_same_v<S, Simd<tile::generic_t>>)
-    return exp_outlined<S>(x);
+    return exp_outlined<S, kKeepNan, kSign>(x);
   else
-    return exp_body<S>(x);
+    return exp_body<S, kKeepNan, kSign>(x);
 }
 
 template <class S>
@@ -161,10 +165,10 @@ DSK_TK_INLINE typename S::F sigmoid(typename S::F x) {
   return S::div(one, S::add(one, exp<S>(S::sub(S::zero(), x))));
 }
 
-// x * sigmoid(x), computed as x / (1 + e^-x).
+// x * sigmoid(x), computed as x / (1 + e^-x). A NaN x gives NaN through the division.
 template <class S>
 DSK_TK_INLINE typename S::F silu(typename S::F x) {
-  return S::div(x, S::add(S::set1(1.0f), exp<S>(S::sub(S::zero(), x))));
+  return S::div(x, S::add(S::set1(1.0f), exp<S, false, -1>(x)));
 }
 
 // ln(1 + e^x), and x itself above 20 (torch's threshold). ln(1 + y) is evaluated as

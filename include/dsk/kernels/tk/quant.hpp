@@ -278,6 +278,17 @@ DSK_TK_INLINE void quantize_row_fixed(const T* v, int64_t cols, const QuantOut& 
       });
 }
 
+// Prefetches p + stride (the same columns of the next row) into L1. The rows' math is slower than
+// the memory, and without it the row's loads miss and the core waits: a demand miss at a time.
+// (Integer addresses: after the last row the address is past the tensor, harmless for a
+// prefetch but not a valid pointer.)
+template <class T>
+DSK_TK_INLINE void prefetch_next_row(const T* p, int64_t stride) {
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) +
+                                                   static_cast<uintptr_t>(stride) * sizeof(T)),
+                     0, 3);
+}
+
 // quantize_row_fixed for bf16 rows in blocks of 32 * kVectors values, on 32-lane 16-bit vectors:
 // the amax over the bf16 bits (no widening), and, where the inverse scale is a power of two 2^k,
 // the codes on the bf16 bits: Simd::store_e4m3_bf16x32_pow2 (rebias and integer rounding) or
@@ -366,6 +377,53 @@ void token_cast_rows(const TokenCastArgs& a, int64_t r0, int64_t r1) {
     quantize_row<S>(static_cast<const T*>(a.x) + r * a.x_stride, a.cols, a.group, a.q, r);
 }
 
+namespace quant_detail {
+
+// One row of swiglu_cast_rows: y[c] = silu(g[c]) * u[c] (clamped when kClamp, times w when
+// kWeight) for c < cols. Four vectors at a time: their exp chains are independent, and written
+// together the core overlaps them (one chain is about 60 cycles of latency; 1.13x hot).
+template <class S, bool kClamp, bool kWeight, class T>
+DSK_TK_INLINE void swiglu_row(const T* gate, const T* up, int64_t cols, int64_t row_stride,
+                              float clamp, float weight, float* y) {
+  using F = typename S::F;
+  const F lim = S::set1(clamp);
+  const F neg_lim = S::set1(-clamp);
+  const F w = S::set1(weight);
+  const auto value = [&](F g, F u) {
+    if constexpr (kClamp) {
+      g = S::min(g, lim);
+      u = S::min(S::max(u, neg_lim), lim);
+    }
+    const F v = S::mul(silu<S>(g), u);
+    if constexpr (kWeight)
+      return S::mul(v, w);
+    else
+      return v;
+  };
+  constexpr int kVectors = 4;
+  int64_t c = 0;
+  for (; c + 16 * kVectors <= cols; c += 16 * kVectors) {
+    constexpr int kLineValues = 64 / sizeof(T);
+#pragma GCC unroll 4
+    for (int i = 0; i < 16 * kVectors; i += kLineValues) {
+      prefetch_next_row(gate + c + i, row_stride);
+      prefetch_next_row(up + c + i, row_stride);
+    }
+    F v[kVectors];
+#pragma GCC unroll 4
+    for (int k = 0; k < kVectors; ++k)
+      v[k] = value(S::load(gate + c + 16 * k), S::load(up + c + 16 * k));
+#pragma GCC unroll 4
+    for (int k = 0; k < kVectors; ++k) S::store(y + c + 16 * k, v[k]);
+  }
+  for (; c < cols; c += 16) {
+    const int n = static_cast<int>(cols - c < 16 ? cols - c : 16);
+    S::store_n(y + c, value(load_part<S>(gate + c, n), load_part<S>(up + c, n)), n);
+  }
+}
+
+}  // namespace quant_detail
+
 // `scratch` holds cols floats (one per calling thread); unused with f32_out.
 template <tile::Isa I, class T>
 void swiglu_cast_rows(const SwigluCastArgs& a, int64_t r0, int64_t r1, float* scratch) {
@@ -377,24 +435,21 @@ void swiglu_cast_rows(const SwigluCastArgs& a, int64_t r0, int64_t r1, float* sc
                          (a.pos_to_token_topk != nullptr && a.pos_to_token_topk[r] < 0);
     const T* gate = static_cast<const T*>(a.cast.x) + r * a.cast.x_stride;
     const T* up = gate + cols;
-    const auto w =
-        S::set1(a.weights != nullptr && !padding ? a.weights[a.pos_to_token_topk[r]] : 1.0f);
-    const auto lim = S::set1(a.clamp);
-    const auto neg_lim = S::set1(-a.clamp);
-    for (int64_t c = 0; c < cols; c += 16) {
-      const int n = static_cast<int>(cols - c < 16 ? cols - c : 16);
-      auto y = S::zero();
-      if (!padding) {
-        auto g = quant_detail::load_part<S>(gate + c, n);
-        auto u = quant_detail::load_part<S>(up + c, n);
-        if (a.has_clamp) {
-          g = S::min(g, lim);
-          u = S::min(S::max(u, neg_lim), lim);
-        }
-        y = S::mul(silu<S>(g), u);
-        if (a.weights != nullptr) y = S::mul(y, w);
-      }
-      S::store_n(y_row + c, y, n);
+    const int64_t stride = a.cast.x_stride;
+    if (padding) {
+      for (int64_t c = 0; c < cols; c += 16)
+        S::store_n(y_row + c, S::zero(), static_cast<int>(cols - c < 16 ? cols - c : 16));
+    } else if (a.weights != nullptr) {
+      const float w = a.weights[a.pos_to_token_topk[r]];
+      if (a.has_clamp)
+        quant_detail::swiglu_row<S, true, true>(gate, up, cols, stride, a.clamp, w, y_row);
+      else
+        quant_detail::swiglu_row<S, false, true>(gate, up, cols, stride, a.clamp, w, y_row);
+    } else {
+      if (a.has_clamp)
+        quant_detail::swiglu_row<S, true, false>(gate, up, cols, stride, a.clamp, 1.0f, y_row);
+      else
+        quant_detail::swiglu_row<S, false, false>(gate, up, cols, stride, a.clamp, 1.0f, y_row);
     }
     if (a.f32_out == nullptr) quantize_row<S>(y_row, cols, a.cast.group, a.cast.q, r);
   }

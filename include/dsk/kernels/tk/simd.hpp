@@ -2,9 +2,9 @@
 // implementations that give bitwise identical results: portable C++ (generic_t, one loop per
 // operation) and AVX-512 (avx512_t; amx_t uses it too, see tile::vector_isa_t).
 //
-// Every operation is one IEEE operation per lane, rounded to nearest even (no FMA contraction, no
-// approximate reciprocals), and the operations whose x86 semantics are not symmetric are defined
-// by them on both implementations:
+// Every operation is one IEEE operation per lane, rounded to nearest even (fma is explicit, never
+// contracted; no approximate reciprocals), and the operations whose x86 semantics are not symmetric
+// are defined by them on both implementations:
 //   max(a, b) = a > b ? a : b      (VMAXPS: b when either is NaN, and b for +-0 pairs)
 //   min(a, b) = a < b ? a : b      (VMINPS)
 //   reduce_add / reduce_max combine lanes in one fixed tree: i with i+8, then i+4, i+2, i+1.
@@ -190,6 +190,19 @@ struct Simd<tile::generic_t> {
   static F add_signed(F a, F x, F sign) { return add(a, mul(x, sign)); }
   static F div(F a, F b) {
     return map(a, b, [](float x, float y) { return x / y; });
+  }
+  // a * b + c rounded once (VFMADD; std::fma is the same single rounding).
+  static F fma(F a, F b, F c) {
+    F r;
+    for (int i = 0; i < 16; ++i) r.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
+    return r;
+  }
+  // a * 2^n for integral n, rounded once (VSCALEFPS; ldexp is exact or, for a subnormal
+  // result, one rounding). |n| <= 300 here, so the int conversion is exact.
+  static F scalef(F a, F n) {
+    F r;
+    for (int i = 0; i < 16; ++i) r.v[i] = std::ldexp(a.v[i], static_cast<int>(n.v[i]));
+    return r;
   }
   static F max(F a, F b) {
     return map(a, b, [](float x, float y) { return x > y ? x : y; });
@@ -491,6 +504,8 @@ struct Simd<tile::avx512_t> {
   // One FMA: the product by +-1 is exact, so its single rounding is add(a, mul(x, sign))'s.
   static F add_signed(F a, F x, F sign) { return _mm512_fmadd_ps(x, sign, a); }
   static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F scalef(F a, F n) { return _mm512_scalef_ps(a, n); }
   static F max(F a, F b) { return _mm512_max_ps(a, b); }
   static F min(F a, F b) { return _mm512_min_ps(a, b); }
   static F abs(F a) { return _mm512_abs_ps(a); }
