@@ -183,6 +183,30 @@ constexpr E2m1Tables make_e2m1_tables() {
 
 inline constexpr E2m1Tables kE2m1Tables = make_e2m1_tables();
 
+// The e2m1 code of bf16x32_to_e2m1_pow2 by bucket: entry b (b < 32) is the code of a magnitude
+// whose scaled bits s satisfy min((s -sat 0x3E61) >> 5, 31) = b, entry 32 + b the code of the
+// negative value (bit 3 set unless the code is 0). The thresholds 0x3E80 (0.25), 0x3F40, 0x3FA0,
+// 0x3FE0, 0x4020, 0x4060, 0x40A0 (5) are 0x3E80 + 32 m for m in {0, 6, 9, 11, 13, 15, 17}, so
+// bucket b holds the s in (0x3E80 + 32 (b - 1), 0x3E80 + 32 b] and exceeds exactly the
+// thresholds with m < b.
+struct E2m1CodeTable {
+  alignas(64) uint16_t codes[64];
+};
+
+constexpr E2m1CodeTable make_e2m1_code_table() {
+  constexpr int kThresholdSteps[7] = {0, 6, 9, 11, 13, 15, 17};
+  E2m1CodeTable t{};
+  for (int b = 0; b < 32; ++b) {
+    uint16_t code = 0;
+    for (int m : kThresholdSteps) code = static_cast<uint16_t>(code + (m < b ? 1 : 0));
+    t.codes[b] = code;
+    t.codes[32 + b] = code == 0 ? 0 : static_cast<uint16_t>(code | 0x8);
+  }
+  return t;
+}
+
+inline constexpr E2m1CodeTable kE2m1CodeTable = make_e2m1_code_table();
+
 inline __m512i set1_u32(uint32_t v) {
   return _mm512_set1_epi32(static_cast<int>(v));
 }
@@ -377,19 +401,22 @@ inline Bf16ToE2m1Pow2 bf16_to_e2m1_pow2(int k) {
 }
 
 // 32 bf16 (the words of x) -> 16 bytes of e2m1 codes of x * 2^k (even value in the low nibble).
+// The threshold count is one VPERMI2W lookup of the scaled bits' bucket, the sign selecting the
+// table's upper half (convert_detail::kE2m1CodeTable); it replaced seven compares and masked adds.
 inline __m128i bf16x32_to_e2m1_pow2(__m512i x, const Bf16ToE2m1Pow2& c) {
-  constexpr int16_t kThresholds[7] = {0x3E80, 0x3F40, 0x3FA0, 0x3FE0, 0x4020, 0x4060, 0x40A0};
   const __m512i abs_bits = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
   const __m512i scaled =
       c.up ? _mm512_adds_epu16(abs_bits, c.shift) : _mm512_subs_epu16(abs_bits, c.shift);
-  const __m512i one = _mm512_set1_epi16(1);
-  __m512i code = _mm512_setzero_si512();
-  for (int16_t t : kThresholds)
-    code = _mm512_mask_add_epi16(code, _mm512_cmpgt_epu16_mask(scaled, _mm512_set1_epi16(t)), code,
-                                 one);
+  const __m512i bucket =
+      _mm512_min_epu16(_mm512_srli_epi16(_mm512_subs_epu16(scaled, _mm512_set1_epi16(0x3E61)), 5),
+                       _mm512_set1_epi16(31));
+  // bucket | (sign bit of x moved to bit 5)
+  const __m512i index =
+      _mm512_ternarylogic_epi32(bucket, _mm512_srli_epi16(x, 10), _mm512_set1_epi16(0x20), 0xF8);
+  const __m512i* table = reinterpret_cast<const __m512i*>(convert_detail::kE2m1CodeTable.codes);
+  __m512i code =
+      _mm512_permutex2var_epi16(_mm512_load_si512(table), index, _mm512_load_si512(table + 1));
   const __mmask32 number = _mm512_cmple_epu16_mask(abs_bits, _mm512_set1_epi16(0x7F80));
-  const __mmask32 negative = _mm512_movepi16_mask(x) & _mm512_test_epi16_mask(code, code);
-  code = _mm512_mask_add_epi16(code, negative, code, _mm512_set1_epi16(0x8));  // codes are < 8
   code = _mm512_maskz_mov_epi16(number, code);
   // Words (even, odd) of each 32-bit lane -> even | odd << 4 in its low byte.
   return _mm512_cvtepi32_epi8(_mm512_or_si512(code, _mm512_srli_epi32(code, 12)));
