@@ -206,6 +206,33 @@ DSK_TK_INLINE int pow2_exponent(float inv) {
   return (b & 0x807FFFFFu) == 0 && e >= 1 && e <= 247 ? e - 127 : kNotPow2;
 }
 
+// scale_of and quant::inverse_scale of 16 blocks in Simd lanes, from their amax bits: the same
+// IEEE operations lane by lane (the floor as S::max, the division by the format's largest value,
+// ceil_to_ue8m0 on the bits, the reciprocal), so the same bits. False, with nothing written, when
+// a block's amax is NaN (those take scale_of's NaN rule). Sixteen blocks share two vector
+// divisions where each block had a scalar chain with two divisions (for blocks of 32 values the
+// chains were most of the row's time).
+template <class S>
+DSK_TK_INLINE bool scales16(const int32_t* amax_bits, float fmt_max, bool round_sf, float* sf,
+                            float* inv) {
+  const auto bits = S::iload(amax_bits);
+  if (S::ilt(S::iset1(0x7F800000), bits) != 0) return false;  // NaN (the bits are >= 0)
+  auto scale = S::div(S::max(S::from_bits(bits), S::set1(quant::kAmaxFloor)), S::set1(fmt_max));
+  if (round_sf) {
+    // numeric::ceil_to_ue8m0 of a positive value: exponent + (mantissa != 0), clamped to [1, 254].
+    const auto b = S::bits(scale);
+    auto e = S::template sra<23>(b);
+    const auto exact = S::ieq(S::iand(b, S::iset1(0x7FFFFF)), S::iset1(0));
+    e = S::iselect(exact, e, S::iadd(e, S::iset1(1)));
+    e = S::imax(e, S::iset1(1));
+    e = S::iselect(S::ilt(S::iset1(254), e), S::iset1(254), e);
+    scale = S::from_bits(S::template shl<23>(e));
+  }
+  S::store(sf, scale);
+  S::store(inv, S::div(S::set1(1.0f), scale));
+  return true;
+}
+
 // The row quantizers' loop over the whole blocks of kGroup values of row r, a chunk of
 // kChunkValues / kGroup blocks at a time, in three passes per chunk: block_amax(x) gives the amax
 // bits (as Amax<S>) of the block at x, then every scale of the chunk is stored, then block_codes(x,
@@ -221,16 +248,20 @@ DSK_TK_INLINE void quantize_row_chunked(const T* v, int64_t cols, const QuantOut
   constexpr int kChunk = static_cast<int>(kChunkValues / kGroup);
   constexpr float kMax = kFmt == QuantFormat::e4m3 ? numeric::kE4m3Max : numeric::kE2m1Max;
   const int64_t whole = cols / kGroup;
-  int32_t amax_bits[kChunk];
-  float inv[kChunk];
+  alignas(64) int32_t amax_bits[kChunk];
+  alignas(64) float sf[kChunk];
+  alignas(64) float inv[kChunk];
   for (int64_t kb0 = 0; kb0 < whole; kb0 += kChunk) {
     const int n = static_cast<int>(whole - kb0 < kChunk ? whole - kb0 : kChunk);
     for (int b = 0; b < n; ++b) amax_bits[b] = block_amax(v + (kb0 + b) * kGroup);
-    for (int b = 0; b < n; ++b) {
-      const float sf = scale_of(Amax<S>::finish(amax_bits[b]), kMax, q.round_sf);
-      store_scale(q.sf, r, kb0 + b, sf);
-      inv[b] = quant::inverse_scale(sf);
+    int b = 0;
+    for (; b + 16 <= n; b += 16)
+      if (!scales16<S>(amax_bits + b, kMax, q.round_sf, sf + b, inv + b)) break;
+    for (; b < n; ++b) {
+      sf[b] = scale_of(Amax<S>::finish(amax_bits[b]), kMax, q.round_sf);
+      inv[b] = quant::inverse_scale(sf[b]);
     }
+    for (b = 0; b < n; ++b) store_scale(q.sf, r, kb0 + b, sf[b]);
     for (int b = 0; b < n; ++b) block_codes(v + (kb0 + b) * kGroup, kb0 + b, inv[b]);
   }
   if (whole * kGroup < cols)
