@@ -288,13 +288,15 @@ DSK_TK_INLINE void block_codes_f32(const T* x, float inv, uint8_t* codes) {
 // Rows of any T in blocks of 16 * kVectors values; e4m3 codes of power-of-two inverse scales by
 // integer rounding (Simd::store_e4m3_pow2: no product), the rest by block_codes_f32.
 template <class S, QuantFormat kFmt, int kVectors, class T>
-DSK_TK_INLINE void quantize_row_fixed(const T* v, int64_t cols, const QuantOut& q, int64_t r) {
+DSK_TK_INLINE void quantize_row_fixed(const T* v, int64_t cols, const QuantOut& q, int64_t r,
+                                      const int32_t* block_amax) {
   constexpr int64_t kGroup = 16 * kVectors;
   constexpr int64_t kGroupBytes = kFmt == QuantFormat::e4m3 ? kGroup : kGroup / 2;
   uint8_t* out = static_cast<uint8_t*>(q.out) + r * q.out_stride;
   quantize_row_chunked<S, kFmt, kGroup>(
       v, cols, q, r,
-      [](const T* x) {
+      [&](const T* x) {
+        if (block_amax != nullptr) return block_amax[(x - v) / kGroup];
         Amax<S> amax;
         for (int i = 0; i < kVectors; ++i) amax.add(S::load(x + 16 * i));
         return S::ireduce_max(amax.bits);
@@ -368,10 +370,11 @@ DSK_TK_INLINE void quantize_row_bf16(const bf16* v, int64_t cols, const QuantOut
 
 // Quantizes one row of `cols` values (any T) in blocks of `group`, as row r of the output. Blocks
 // of 16, 32, 64 and 128 values go a chunk of blocks at a time (quantize_row_fixed); other sizes
-// block by block.
+// block by block. `block_amax`, when given (f32 rows, those four sizes), holds the Amax bits of
+// each whole block, computed by the caller as it wrote the row (fused_amax_group).
 template <class S, class T>
 DSK_TK_INLINE void quantize_row(const T* v, int64_t cols, int64_t group, const QuantOut& q,
-                                int64_t r) {
+                                int64_t r, const int32_t* block_amax = nullptr) {
   using namespace quant_detail;
   const bool e4m3 = q.fmt == QuantFormat::e4m3;
   if constexpr (std::is_same_v<T, bf16>) {
@@ -382,17 +385,17 @@ DSK_TK_INLINE void quantize_row(const T* v, int64_t cols, int64_t group, const Q
   }
   switch (group) {
     case 16:
-      return e4m3 ? quantize_row_fixed<S, QuantFormat::e4m3, 1>(v, cols, q, r)
-                  : quantize_row_fixed<S, QuantFormat::e2m1, 1>(v, cols, q, r);
+      return e4m3 ? quantize_row_fixed<S, QuantFormat::e4m3, 1>(v, cols, q, r, block_amax)
+                  : quantize_row_fixed<S, QuantFormat::e2m1, 1>(v, cols, q, r, block_amax);
     case 32:
-      return e4m3 ? quantize_row_fixed<S, QuantFormat::e4m3, 2>(v, cols, q, r)
-                  : quantize_row_fixed<S, QuantFormat::e2m1, 2>(v, cols, q, r);
+      return e4m3 ? quantize_row_fixed<S, QuantFormat::e4m3, 2>(v, cols, q, r, block_amax)
+                  : quantize_row_fixed<S, QuantFormat::e2m1, 2>(v, cols, q, r, block_amax);
     case 64:
-      return e4m3 ? quantize_row_fixed<S, QuantFormat::e4m3, 4>(v, cols, q, r)
-                  : quantize_row_fixed<S, QuantFormat::e2m1, 4>(v, cols, q, r);
+      return e4m3 ? quantize_row_fixed<S, QuantFormat::e4m3, 4>(v, cols, q, r, block_amax)
+                  : quantize_row_fixed<S, QuantFormat::e2m1, 4>(v, cols, q, r, block_amax);
     case 128:
-      return e4m3 ? quantize_row_fixed<S, QuantFormat::e4m3, 8>(v, cols, q, r)
-                  : quantize_row_fixed<S, QuantFormat::e2m1, 8>(v, cols, q, r);
+      return e4m3 ? quantize_row_fixed<S, QuantFormat::e4m3, 8>(v, cols, q, r, block_amax)
+                  : quantize_row_fixed<S, QuantFormat::e2m1, 8>(v, cols, q, r, block_amax);
     default:
       break;
   }
@@ -486,16 +489,51 @@ void swiglu_cast_rows(const SwigluCastArgs& a, int64_t r0, int64_t r1, float* sc
   }
 }
 
+namespace quant_detail {
+
+// The block sizes whose amax a row writer can compute as it goes (quantize_row_fixed's), and the
+// most blocks per row it does that for (the amax array lives on the stack).
+inline constexpr int64_t kMaxFusedBlocks = 512;
+inline bool fused_amax_group(int64_t group, int64_t cols) {
+  return (group == 16 || group == 32 || group == 64 || group == 128) &&
+         cols / group <= kMaxFusedBlocks;
+}
+
+}  // namespace quant_detail
+
 template <tile::Isa I, class T, class W>
 void norm_cast_rows(const NormCastArgs& a, int64_t r0, int64_t r1, float* scratch) {
   using S = SimdOf<I>;
   const int64_t cols = a.cast.cols;
+  const int64_t group = a.cast.group;
+  const W* weight = static_cast<const W*>(a.weight);
+  const bool fused = quant_detail::fused_amax_group(group, cols);
+  alignas(64) int32_t block_amax[quant_detail::kMaxFusedBlocks];
   for (int64_t r = r0; r < r1; ++r) {
     const T* row = static_cast<const T*>(a.cast.x) + r * a.cast.x_stride;
     const float rstd = rms_rstd<S>(row, cols, a.eps);
-    rms_norm_row<S>(row, static_cast<const W*>(a.weight), cols, rstd,
-                    [&](int64_t i, int live, auto y) { S::store_n(scratch + i, y, live); });
-    quantize_row<S>(scratch, cols, a.cast.group, a.cast.q, r);
+    int64_t done = 0;
+    if (fused) {
+      // rms_norm_row's y = (x * rstd) * w, with each whole block's amax taken on the way: the
+      // quantizer then reads the row once, for the codes.
+      const auto rs = S::set1(rstd);
+      for (int64_t kb = 0; kb < cols / group; ++kb, done += group) {
+        quant_detail::Amax<S> m;
+        for (int64_t i = done; i < done + group; i += 64 / sizeof(T))
+          quant_detail::prefetch_next_row(row + i, a.cast.x_stride);
+        for (int64_t i = done; i < done + group; i += 16) {
+          const auto y = S::mul(S::mul(S::load(row + i), rs), S::load(weight + i));
+          S::store(scratch + i, y);
+          m.add(y);
+        }
+        block_amax[kb] = S::ireduce_max(m.bits);
+      }
+    }
+    if (done < cols)
+      rms_norm_row<S>(
+          row + done, weight + done, cols - done, rstd,
+          [&](int64_t i, int live, auto y) { S::store_n(scratch + done + i, y, live); });
+    quantize_row<S>(scratch, cols, group, a.cast.q, r, fused ? block_amax : nullptr);
   }
 }
 
