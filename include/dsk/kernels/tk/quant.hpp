@@ -311,15 +311,15 @@ DSK_TK_INLINE void quantize_row_fixed(const T* v, int64_t cols, const QuantOut& 
       });
 }
 
-// Prefetches p + stride (the same columns of the next row) into L1. The rows' math is slower than
-// the memory, and without it the row's loads miss and the core waits: a demand miss at a time.
-// (Integer addresses: after the last row the address is past the tensor, harmless for a
-// prefetch but not a valid pointer.)
-template <class T>
-DSK_TK_INLINE void prefetch_next_row(const T* p, int64_t stride) {
+// Prefetches p + ahead (elements; the same columns of the next row, say) into L1 (kLocality 3)
+// or L2 (2). The rows' math is slower than the memory, and without it the row's loads miss and
+// the core waits, a demand miss at a time. (Integer addresses: after the last row the address is
+// past the tensor, harmless for a prefetch but not a valid pointer.)
+template <int kLocality = 3, class T>
+DSK_TK_INLINE void prefetch_ahead(const T* p, int64_t ahead) {
   __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) +
-                                                   static_cast<uintptr_t>(stride) * sizeof(T)),
-                     0, 3);
+                                                   static_cast<uintptr_t>(ahead) * sizeof(T)),
+                     0, kLocality);
 }
 
 // quantize_row_fixed for bf16 rows in blocks of 32 * kVectors values, on 32-lane 16-bit vectors:
@@ -346,13 +346,8 @@ DSK_TK_INLINE void quantize_row_bf16(const bf16* v, int64_t cols, const QuantOut
         int k = pow2_exponent(inv);
         if (!kE4m3 && k < -125) k = kNotPow2;  // a threshold * 2^-k would not be a bf16 normal
         // The next chunk's block: its loads overlap this chunk's conversions, which otherwise
-        // leave the memory idle (1.3x on one thread for a cold 4096 x 7168 cast). (Integer
-        // addresses: the last chunk's prefetch points past the row, which is harmless for a
-        // prefetch but not a valid pointer.)
-        for (int i = 0; i < kVectors; ++i)
-          __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(x) +
-                                                           (kChunkValues + 32 * i) * sizeof(bf16)),
-                             0, 3);
+        // leave the memory idle (1.3x on one thread for a cold 4096 x 7168 cast).
+        for (int i = 0; i < kVectors; ++i) prefetch_ahead(x + 32 * i, kChunkValues);
         if (k == kNotPow2) return block_codes_f32<S, kFmt, kGroup>(x, inv, codes);
         if constexpr (kE4m3) {
           const auto s = S::e4m3_pow2(k);
@@ -440,8 +435,8 @@ DSK_TK_INLINE void swiglu_row(const T* gate, const T* up, int64_t cols, int64_t 
     constexpr int kLineValues = 64 / sizeof(T);
 #pragma GCC unroll 4
     for (int i = 0; i < 16 * kVectors; i += kLineValues) {
-      prefetch_next_row(gate + c + i, row_stride);
-      prefetch_next_row(up + c + i, row_stride);
+      prefetch_ahead(gate + c + i, row_stride);
+      prefetch_ahead(up + c + i, row_stride);
     }
     F v[kVectors];
 #pragma GCC unroll 4
@@ -520,7 +515,7 @@ void norm_cast_rows(const NormCastArgs& a, int64_t r0, int64_t r1, float* scratc
       for (int64_t kb = 0; kb < cols / group; ++kb, done += group) {
         quant_detail::Amax<S> m;
         for (int64_t i = done; i < done + group; i += 64 / sizeof(T))
-          quant_detail::prefetch_next_row(row + i, a.cast.x_stride);
+          quant_detail::prefetch_ahead(row + i, a.cast.x_stride);
         for (int64_t i = done; i < done + group; i += 16) {
           const auto y = S::mul(S::mul(S::load(row + i), rs), S::load(weight + i));
           S::store(scratch + i, y);
@@ -559,13 +554,29 @@ DSK_TK_INLINE void block_cast_strips(const BlockCastArgs& a, int64_t br, int64_t
     const int64_t s1 = s0 + strip < a.cols ? s0 + strip : a.cols;
     const int64_t vectors = (s1 - s0 + 15) / 16;
     for (int64_t v = 0; v < vectors; ++v) acc[v] = Amax<S>{};
-    for (int64_t r = r_begin; r < r_end; ++r) {
-      const T* row = static_cast<const T*>(a.x) + r * a.x_stride + s0;
-      for (int64_t v = 0; v < vectors; ++v) {
-        const int n = static_cast<int>(s1 - s0 - 16 * v < 16 ? s1 - s0 - 16 * v : 16);
-        acc[v].add(load_part<S>(row + 16 * v, n));
+    // Four rows per visit of an accumulator: one load and store of it per four vectors.
+    const int64_t full = (s1 - s0) / 16;
+    const auto row_at = [&](int64_t r) { return static_cast<const T*>(a.x) + r * a.x_stride + s0; };
+    int64_t r = r_begin;
+    for (; r + 4 <= r_end; r += 4) {
+      const T* p0 = row_at(r);
+      const T* p1 = row_at(r + 1);
+      const T* p2 = row_at(r + 2);
+      const T* p3 = row_at(r + 3);
+      for (int64_t v = 0; v < full; ++v) {
+        Amax<S> m = acc[v];
+        m.add(S::load(p0 + 16 * v));
+        m.add(S::load(p1 + 16 * v));
+        m.add(S::load(p2 + 16 * v));
+        m.add(S::load(p3 + 16 * v));
+        acc[v] = m;
       }
     }
+    for (; r < r_end; ++r)
+      for (int64_t v = 0; v < full; ++v) acc[v].add(S::load(row_at(r) + 16 * v));
+    if (full < vectors)  // the strip's last 1 to 15 columns
+      for (r = r_begin; r < r_end; ++r)
+        acc[full].add(S::load_n(row_at(r) + 16 * full, static_cast<int>(s1 - s0 - 16 * full)));
     const int64_t blocks = (vectors + per_block - 1) / per_block;
     for (int64_t b = 0; b < blocks; ++b) {
       Amax<S> m = acc[b * per_block];
@@ -575,14 +586,27 @@ DSK_TK_INLINE void block_cast_strips(const BlockCastArgs& a, int64_t br, int64_t
       store_scale(a.q.sf, br, s0 / a.block_cols + b, sf);
       inv[b] = quant::inverse_scale(sf);
     }
-    for (int64_t r = r_begin; r < r_end; ++r) {
+    // Block by block within the row (the block of vector v was v / per_block, an integer
+    // division by a runtime value per vector).
+    // The codes pass computes from L2 while the next strip (the next row block's first strip
+    // after the last) is prefetched into L2, so that its amax pass does not wait on DRAM.
+    const int64_t next_strip =
+        s1 < a.cols ? strip : (r_end - r_begin) * a.x_stride - s0;  // elements ahead
+    for (r = r_begin; r < r_end; ++r) {
       const T* row = static_cast<const T*>(a.x) + r * a.x_stride;
       uint8_t* out = static_cast<uint8_t*>(a.q.out) + r * a.q.out_stride;
-      for (int64_t v = 0; v < vectors; ++v) {
-        const int64_t c = s0 + 16 * v;
-        const int n = static_cast<int>(s1 - c < 16 ? s1 - c : 16);
-        const float block_inv = inv[v / per_block];
-        store_codes<S>(a.q, out, c, scaled<S>(load_part<S>(row + c, n), S::set1(block_inv)), n);
+      for (int64_t b = 0, c = s0; b < blocks; ++b) {
+        const auto block_inv = S::set1(inv[b]);
+        const int64_t c_end = c + a.block_cols < s1 ? c + a.block_cols : s1;
+        for (; c + 16 <= c_end; c += 16) {
+          prefetch_ahead<2>(row + c, next_strip);
+          store_codes<S>(a.q, out, c, scaled<S>(S::load(row + c), block_inv), 16);
+        }
+        if (c < c_end) {
+          const int n = static_cast<int>(c_end - c);
+          store_codes<S>(a.q, out, c, scaled<S>(S::load_n(row + c, n), block_inv), n);
+          c = c_end;
+        }
       }
     }
   }
