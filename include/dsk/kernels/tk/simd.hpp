@@ -197,8 +197,8 @@ struct Simd<tile::generic_t> {
     for (int i = 0; i < 16; ++i) r.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
     return r;
   }
-  // a * 2^n for integral n, rounded once (VSCALEFPS; ldexp is exact or, for a subnormal
-  // result, one rounding). |n| <= 300 here, so the int conversion is exact.
+  // a * 2^n for integral n within int range (exp passes [-150, 128]), rounded once (VSCALEFPS;
+  // ldexp is exact or, for a subnormal result, one rounding).
   static F scalef(F a, F n) {
     F r;
     for (int i = 0; i < 16; ++i) r.v[i] = std::ldexp(a.v[i], static_cast<int>(n.v[i]));
