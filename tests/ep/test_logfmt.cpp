@@ -126,11 +126,20 @@ TEST(LogFmt, RoundTripIsTheNearestLevelWithinUpstreamsBound) {
   auto rng = fresh_rng();
   for (const int64_t H : {512, 1024, 1536, 7168}) {
     SCOPED_TRACE(H);
-    const Row row = small_row(H, rng);
-    const Coded c = round_trip(row);
-    EXPECT_EQ(c.used, meta_bytes(H) + static_cast<size_t>(H) * 10 / 8);  // every chunk encoded
-    expect_nearest_levels(row, c.decoded);
-    EXPECT_LT(calc_diff(row, c.decoded), 1e-5);  // upstream's combine tolerance (BF16 dispatch)
+    // Upstream checks calc_diff on the combined tensor of many tokens. One row of 512 values
+    // varies too much for that bound (1.3e-5 was seen, about once in 300 rows), so the bound is
+    // checked over 8 rows, each row's levels exactly.
+    Row rows;
+    std::vector<float> decoded;
+    for (int k = 0; k < 8; ++k) {
+      const Row row = small_row(H, rng);
+      const Coded c = round_trip(row);
+      EXPECT_EQ(c.used, meta_bytes(H) + static_cast<size_t>(H) * 10 / 8);  // every chunk encoded
+      expect_nearest_levels(row, c.decoded);
+      rows.insert(rows.end(), row.begin(), row.end());
+      decoded.insert(decoded.end(), c.decoded.begin(), c.decoded.end());
+    }
+    EXPECT_LT(calc_diff(rows, decoded), 1e-5);  // upstream's combine tolerance (BF16 dispatch)
   }
 }
 
