@@ -258,7 +258,8 @@ TEST_P(Quant, CastBackDequantizesEveryLayout) {
 // ---- fused casts ----
 
 TEST_P(Quant, SwigluCastIsSwigluThenCast) {
-  for (int64_t hidden : {2048, 512, 128})
+  // 200 = 3 * 64 + 8: the kernel's four-vector loop, then a partial vector.
+  for (int64_t hidden : {2048, 512, 128, 200})
     for (int64_t rows : {1, 7, 1024}) {
       const uint64_t seed = fresh_seed();
       const Tensor x = ref::randn({rows, 2 * hidden}, DType::bf16, seed, 0.0f, 2.0f);
