@@ -8,7 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libdlpack-dev libxxhash-dev
   libopenmpi-dev openmpi-bin
-  libdnnl-dev
+  libdnnl-dev ocl-icd-opencl-dev  # dnnl-config.cmake requires OpenCL (only Recommended by the package)
   gnuplot-nox
   clang-format
 )
