@@ -319,6 +319,10 @@ KernelConfig choose_config(const Run& r) {
       store_config(r.shape, config);
     }
   }
+  // The amx tile path and the dot-tile small-M path round differently (tile/unit.hpp, dot.hpp),
+  // so a row's bits would depend on how many rows share its call. Deterministic mode makes them
+  // independent of the batch: on amx every M takes the tile path.
+  if (get_deterministic_algorithms() && r.shape.isa == Backend::amx) config.small_m_max = 0;
   if (env::get_bool("GEMM", "PRINT_CONFIGS", false)) {
     static std::mutex mutex;
     static std::set<std::string> printed;

@@ -29,12 +29,13 @@ float fma_ss(float a, float b, float c) {
 
 }  // namespace
 
-// for m, n: acc = C[m][n]; for k2: acc += A[m][2k2] * B[k2][2n]; acc += A[m][2k2+1] * B[k2][2n+1]
-// with the hardware applying DAZ, FTZ and RNE from MXCSR. The asm statements clobber memory, and
-// every input is read from (and the result written to) memory the caller can see, so no FP
-// operation can move outside the region where MXCSR is switched.
-void sdm_reference_mma_bf16(const MmaShape& shape, const void* a, int64_t a_stride, const void* b,
-                            int64_t b_stride, void* c, int64_t c_stride) {
+// for m, n: even = odd = 0; for k2: even += A[m][2k2] * B[k2][2n]; odd += A[m][2k2+1] *
+// B[k2][2n+1]; then C[m][n] += even + odd (tile/unit.hpp's contract), with the hardware applying
+// DAZ, FTZ and RNE from MXCSR. The asm statements clobber memory, and every input is read from
+// (and the result written to) memory the caller can see, so no FP operation can move outside the
+// region where MXCSR is switched.
+void fma_model_mma_bf16(const MmaShape& shape, const void* a, int64_t a_stride, const void* b,
+                        int64_t b_stride, void* c, int64_t c_stride) {
   const auto* ab = static_cast<const std::byte*>(a);
   const auto* bb = static_cast<const std::byte*>(b);
   auto* cb = static_cast<std::byte*>(c);
@@ -45,13 +46,14 @@ void sdm_reference_mma_bf16(const MmaShape& shape, const void* a, int64_t a_stri
   for (int m = 0; m < shape.m; ++m) {
     for (int n = 0; n < shape.n; ++n) {
       std::byte* out = cb + m * c_stride + 4 * n;
-      float acc = load_f32(out);
+      float even = 0.0f, odd = 0.0f;
       for (int k2 = 0; k2 < shape.k / 2; ++k2) {
         const std::byte* a_pair = ab + m * a_stride + 4 * k2;
         const std::byte* b_pair = bb + k2 * b_stride + 4 * n;
-        acc = fma_ss(load_bf16(a_pair), load_bf16(b_pair), acc);
-        acc = fma_ss(load_bf16(a_pair + 2), load_bf16(b_pair + 2), acc);
+        even = fma_ss(load_bf16(a_pair), load_bf16(b_pair), even);
+        odd = fma_ss(load_bf16(a_pair + 2), load_bf16(b_pair + 2), odd);
       }
+      const float acc = fma_ss(load_f32(out), 1.0f, fma_ss(even, 1.0f, odd));
       std::memcpy(out, &acc, sizeof acc);
     }
   }

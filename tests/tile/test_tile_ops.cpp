@@ -29,8 +29,10 @@ static_assert(!tl::MmaOperands<tl::TReg<0, int32_t, 16, 16>, A16, B16>);  // bf1
 static_assert(!tl::MmaOperands<C16, tl::TileA<1, int8_t, 16, 64>, B16>);  // mixed families
 static_assert(tl::MmaOperands<tl::TileC<0, int8_t, 16, 16>, tl::TileA<1, uint8_t, 16, 64>,
                               tl::TileB<2, int8_t, 64, 16>>);
-static_assert(!tl::MmaOperands<tl::TileC<0, int8_t, 16, 16>, tl::TileA<1, uint8_t, 16, 62>,
-                               tl::TReg<2, int8_t, 15, 64>>);  // K not a multiple of 4
+static_assert(!tl::MmaOperands<tl::TileC<0, int8_t, 16, 16>, tl::TileA<1, uint8_t, 16, 60>,
+                               tl::TReg<2, int8_t, 16, 64>>);  // K differs
+// (A register whose row is not whole dwords, such as 62 int8 values, cannot even be declared:
+// AMX faults on it, so TReg rejects it.)
 
 // A unit accepts only its own registers, and only well-formed products.
 template <class Unit, class R>
@@ -186,10 +188,10 @@ TEST_P(TileOps, MmaBf16IsBitwiseEqualAcrossBackendsAndCloseToFp64) {
       const std::vector<uint8_t> got = run_mma_bf16(backend(), s, p);
       expect_same_c_bits(p, got, run_mma_bf16(generic_runners(), s, p), "vs generic");
       if (backend_supported(Backend::avx512)) {
-        std::vector<uint8_t> sdm = p.c;
-        sdm_reference_mma_bf16(p.shape, p.a.data(), p.a_stride, p.b.data(), p.b_stride, sdm.data(),
-                               p.c_stride);
-        expect_same_c_bits(p, got, sdm, "vs SDM pseudocode on hardware FMA");
+        std::vector<uint8_t> model = p.c;
+        fma_model_mma_bf16(p.shape, p.a.data(), p.a_stride, p.b.data(), p.b_stride, model.data(),
+                           p.c_stride);
+        expect_same_c_bits(p, got, model, "vs the contract on hardware FMA");
       }
       expect_close_to_fp64(p, got);
       for (int64_t i = 0; i < static_cast<int64_t>(got.size()); ++i) {  // padding untouched
@@ -210,31 +212,46 @@ struct EdgeCase {
   uint32_t expected;
 };
 
+// Each case tells the contract of tile/unit.hpp apart from a rule the hardware does not follow
+// (the SDM's one chain through C, one exact sum, or rounding each pair); where AMX runs, the amx
+// instance checks the real instruction against them.
 const EdgeCase kEdgeCases[] = {
-    {"even product before odd", 1.0f, {-1.0f, 0x1p-30f, 0, 0}, {1, 1, 0, 0}, bits(0x1p-30f)},
-    {"pairs in ascending k", 1.0f, {-1.0f, 0, 0x1p-30f, 0}, {1, 0, 1, 0}, bits(0x1p-30f)},
-    {"one rounding per step", 1.0f, {0x1p-24f, 0x1p-24f, 0, 0}, {1, 1, 0, 0}, bits(1.0f)},
+    // One chain from C would round 1 + 2^-24 to 1 twice.
+    {"C is added after the chains",
+     1.0f,
+     {0x1p-24f, 0, 0x1p-24f, 0},
+     {1, 0, 1, 0},
+     bits(1.0f + 0x1p-23f)},
+    // One chain, even first: 1, 1, 0, 2^-24.
+    {"even and odd products run in separate chains",
+     0.0f,
+     {1.0f, 0x1p-24f, -1.0f, 0x1p-24f},
+     {1, 1, 1, 1},
+     bits(0x1p-23f)},
+    // An exact sum would give 2^-23: the even chain rounds 1 + 2^-24 to 1.
+    {"each chain step is rounded",
+     0.0f,
+     {1.0f, -1.0f, 0x1p-24f, 0x1p-24f},
+     {1, 1, 1, 1},
+     bits(0x1p-24f)},
+    // even + odd = 1 + 2^-24 rounds to 1 before C = 2^-24 is added (exact: 1 + 2^-23).
+    {"even + odd is rounded before C", 0x1p-24f, {1.0f, 0x1p-24f, 0, 0}, {1, 1, 0, 0}, bits(1.0f)},
     {"DAZ on A", 0.0f, {0x1p-133f, 0, 0, 0}, {0x1p100f, 0, 0, 0}, 0x00000000u},
     {"DAZ on B", 0.0f, {0x1p100f, 0, 0, 0}, {0x1p-133f, 0, 0, 0}, 0x00000000u},
     {"DAZ on C", 0x1p-127f, {0x1p-126f, 0, 0, 0}, {1, 0, 0, 0}, bits(0x1p-126f)},
     {"FTZ", 0x1p-125f, {-0x1.8p-126f, 0, 0, 0}, {1, 0, 0, 0}, 0x00000000u},
-    // Last step, so that no later +0 product turns the -0 into +0.
     {"FTZ keeps the sign", -0x1p-125f, {0, 0, 0, 0x1.8p-126f}, {0, 0, 0, 1}, 0x80000000u},
-    {"tiny after rounding is flushed",
-     0x1p-126f,
-     {-0x1.8p-75f, 0, 0, 0},
-     {0x1p-76f, 0, 0, 0},
-     0x00000000u},
-    {"rounds up to 2^-126, not tiny",
-     0x1p-126f,
-     {-0x1p-76f, 0, 0, 0},
-     {0x1p-76f, 0, 0, 0},
-     bits(0x1p-126f)},
-    {"product exact below 2^-126",
+    {"a product below 2^-126 is flushed in its chain",
      0x1p-125f,
      {0x1p-63f, 0, 0, 0},
      {0x1p-64f, 0, 0, 0},
-     bits(0x1.4p-125f)},
+     bits(0x1p-125f)},
+    // 2^-126 - 2^-152 rounds (24 bits, unbounded exponent) to 2^-126: tininess after rounding.
+    {"a chain step that rounds up to 2^-126 is not tiny",
+     0.0f,
+     {0x1p-63f, 0, -0x1p-76f, 0},
+     {0x1p-63f, 0, 0x1p-76f, 0},
+     bits(0x1p-126f)},
 };
 
 TEST_P(TileOps, MmaBf16HandMadeCases) {
@@ -254,9 +271,10 @@ TEST_P(TileOps, MmaBf16HandMadeCases) {
     backend().mma_bf16(kBf16EdgeShape, a, 8, b, 4, &c, 4);  // B row k2 = (b[2k2], b[2k2+1])
     EXPECT_EQ(bits(c), e.expected) << e.name << ": got " << c;
     if (backend_supported(Backend::avx512)) {
-      float sdm = e.c;
-      sdm_reference_mma_bf16(shape, a, 8, b, 4, &sdm, 4);
-      EXPECT_EQ(bits(sdm), e.expected) << e.name << ": the SDM transcription gives " << sdm;
+      float model = e.c;
+      fma_model_mma_bf16(shape, a, 8, b, 4, &model, 4);
+      EXPECT_EQ(bits(model), e.expected)
+          << e.name << ": the contract on hardware FMA gives " << model;
     }
   }
 }

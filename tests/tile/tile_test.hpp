@@ -20,7 +20,7 @@ struct TileShape {
   int element_bytes;  // 1: int8_t, 2: bf16, 4: float
   int rows, cols;
 };
-inline constexpr TileShape kTileShapes[] = {{2, 16, 32}, {2, 7, 13}, {1, 16, 64}, {1, 3, 5},
+inline constexpr TileShape kTileShapes[] = {{2, 16, 32}, {2, 7, 14}, {1, 16, 64}, {1, 3, 8},
                                             {4, 16, 16}, {4, 9, 7},  {4, 1, 1}};
 inline constexpr int kNumTileShapes = sizeof(kTileShapes) / sizeof(kTileShapes[0]);
 
@@ -84,11 +84,12 @@ const Runners& amx_runners();
 // The runners of backend b; b must be supported by this CPU.
 const Runners& runners_for(Backend b);
 
-// TDPBF16PS written out from the SDM pseudocode, one scalar hardware FMA per step under
-// MXCSR = FTZ | DAZ | RNE (defined in the AVX-512 TU: call it only where avx512 is supported).
-// Same buffer conventions as Runners::mma_bf16, with the shape given at run time.
-void sdm_reference_mma_bf16(const MmaShape& shape, const void* a, int64_t a_stride, const void* b,
-                            int64_t b_stride, void* c, int64_t c_stride);
+// TDPBF16PS written out from tile/unit.hpp's contract (two chains, then C + (even + odd)), one
+// scalar hardware FMA per step under MXCSR = FTZ | DAZ | RNE (defined in the AVX-512 TU: call it
+// only where avx512 is supported). Same buffer conventions as Runners::mma_bf16, with the shape
+// given at run time.
+void fma_model_mma_bf16(const MmaShape& shape, const void* a, int64_t a_stride, const void* b,
+                        int64_t b_stride, void* c, int64_t c_stride);
 
 // ---- test data (test_tile_helpers.cpp) ----
 // Random non-zero bf16: mostly |x| in [2^-7, 2^3], some tiny normals (2^-126 .. 2^-97) whose

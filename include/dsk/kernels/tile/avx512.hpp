@@ -2,10 +2,10 @@
 // zero/load/store/mma written in AVX-512 and bitwise equal to it (and to AMX).
 //
 // TDPBF16PS is emulated with VFMADD231PS under MXCSR = RNE | FTZ | DAZ (not with VDPBF16PS,
-// which adds the odd product first). One mma keeps the C tile in up to 16 zmm registers, converts
-// A to f32 once (even and odd elements in two arrays) and then runs, for each k2, two
-// broadcast-from-memory FMAs per row against the even/odd halves of B's row k2, so the loop is
-// bound by the FMA ports.
+// which runs one chain and adds the odd product first). One mma keeps the even and odd chains of
+// up to 8 rows in 16 zmm registers, converts A to f32 once (even and odd elements in two arrays)
+// and then runs, for each k2, two broadcast-from-memory FMAs per row against the even/odd halves
+// of B's row k2, so the loop is bound by the FMA ports; C is read once, at the end.
 #pragma once
 
 #include <dsk/kernels/tile/isa.hpp>
@@ -94,32 +94,46 @@ struct TileOps<avx512_t> {
  private:
   template <TileRegister C, TileRegister A, TileRegister B>
   static void mma_bf16(State& s) {
-    constexpr int kRows = C::rows;
+    // Rows in groups of 8: 16 chain accumulators + the two halves of a B row + a broadcast.
+    constexpr int kGroup = C::rows < 8 ? C::rows : 8;
+    for (int m0 = 0; m0 < C::rows; m0 += kGroup) mma_bf16_rows<C, A, B, kGroup>(s, m0);
+  }
+
+  // Rows [m0, m0 + kGroup) (clipped to the tile) of TDPBF16PS: the even and odd chains of
+  // unit.hpp's contract in two zmm per row, then C + (even + odd).
+  template <TileRegister C, TileRegister A, TileRegister B, int kGroup>
+  static void mma_bf16_rows(State& s, int m0) {
     constexpr int kPairs = A::cols / 2;
+    const int rows = C::rows - m0 < kGroup ? C::rows - m0 : kGroup;
     // A bf16 pair (lo, hi) in one dword becomes f32 lo = dword << 16 and hi = dword & 0xFFFF0000.
     const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-    alignas(64) float a_even[kRows][16];
-    alignas(64) float a_odd[kRows][16];
-    __m512 acc[kRows];
+    alignas(64) float a_even[kGroup][16];
+    alignas(64) float a_odd[kGroup][16];
+    __m512 even[kGroup], odd[kGroup];
     DSK_TILE_UNROLL
-    for (int m = 0; m < kRows; ++m) {
-      const __m512i a = _mm512_load_si512(s.row<A>(m));
+    for (int m = 0; m < kGroup; ++m) {
+      const __m512i a = m < rows ? _mm512_load_si512(s.row<A>(m0 + m)) : _mm512_setzero_si512();
       _mm512_store_si512(a_even[m], _mm512_slli_epi32(a, 16));
       _mm512_store_si512(a_odd[m], _mm512_and_si512(a, high_half));
-      acc[m] = _mm512_load_ps(s.row<C>(m));
+      even[m] = _mm512_setzero_ps();
+      odd[m] = _mm512_setzero_ps();
     }
     for (int k2 = 0; k2 < kPairs; ++k2) {
       const __m512i b = _mm512_load_si512(s.row<B>(k2));
       const __m512 b_even = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
       const __m512 b_odd = _mm512_castsi512_ps(_mm512_and_si512(b, high_half));
       DSK_TILE_UNROLL
-      for (int m = 0; m < kRows; ++m) {
-        acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(a_even[m][k2]), b_even, acc[m]);
-        acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(a_odd[m][k2]), b_odd, acc[m]);
+      for (int m = 0; m < kGroup; ++m) {
+        even[m] = _mm512_fmadd_ps(_mm512_set1_ps(a_even[m][k2]), b_even, even[m]);
+        odd[m] = _mm512_fmadd_ps(_mm512_set1_ps(a_odd[m][k2]), b_odd, odd[m]);
       }
     }
     DSK_TILE_UNROLL
-    for (int m = 0; m < kRows; ++m) _mm512_store_ps(s.row<C>(m), acc[m]);
+    for (int m = 0; m < kGroup; ++m) {
+      if (m >= rows) break;
+      float* c = reinterpret_cast<float*>(s.row<C>(m0 + m));
+      _mm512_store_ps(c, _mm512_add_ps(_mm512_load_ps(c), _mm512_add_ps(even[m], odd[m])));
+    }
   }
 
   // VPDPBUSD multiplies unsigned bytes of its first source by signed bytes of its second and adds

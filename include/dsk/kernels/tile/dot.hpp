@@ -11,15 +11,16 @@
 // Operands of one step k2: A pair (a[r * lda + 2k2], a[r * lda + 2k2 + 1]) for each row r, and
 // B row k2 of a VNNI panel: b[k2 * ldb + 2c + j] = B(2k2 + j, c) for the 16 * Vecs columns c.
 //
-// Numerics contract (VDPBF16PS as the Intel SDM writes it, checked on AMD Zen 5): for each output
+// Numerics contract (VDPBF16PS as the Intel SDM writes it, checked on AMD Zen 5 and on a Sapphire
+// Rapids class Xeon): for each output
 // element and each step, the odd product first, then the even one,
 //     acc = acc + A[2k2+1] * B[2k2+1]
 //     acc = acc + A[2k2]   * B[2k2]
 // each an FMA rounded once to f32, round to nearest even, with DAZ on every input (the
 // accumulator included) and FTZ on each result (tininess after rounding), whatever MXCSR says.
-// Finite inputs give the same bits on the avx512 (and amx) and generic ISAs. This is NOT the AMX
-// order (TileUnit::mma adds the even product first), so a DotTile and a TileUnit computing the
-// same product may differ in the last bits.
+// Finite inputs give the same bits on the avx512 (and amx) and generic ISAs. This is NOT what
+// TileUnit::mma does (separate even and odd chains, then C + (even + odd)), so a DotTile and a
+// TileUnit computing the same product may differ in the last bits.
 #pragma once
 
 #include <cmath>

@@ -113,7 +113,8 @@ struct TileOps<generic_t> {
     return daz(numeric::bf16_to_f32(read<bf16>(row + 2 * i)));
   }
 
-  // TDPBF16PS: per output element, k2 ascending, the even product then the odd one.
+  // TDPBF16PS: per output element, an even and an odd chain from +0 over k2 ascending, then
+  // C + (even + odd) (unit.hpp's contract).
   template <TileRegister C, TileRegister A, TileRegister B>
   static void mma_bf16(State& s) {
     constexpr int kPairs = A::cols / 2;
@@ -121,13 +122,14 @@ struct TileOps<generic_t> {
       std::byte* c_row = s.row<C>(m);
       const std::byte* a_row = s.row<A>(m);
       for (int n = 0; n < C::cols; ++n) {
-        float acc = daz(read<float>(c_row + 4 * n));
+        float even = 0.0f, odd = 0.0f;
         for (int k2 = 0; k2 < kPairs; ++k2) {
           const std::byte* b_row = s.row<B>(k2);
-          acc = fma_ftz(bf16_at(a_row, 2 * k2), bf16_at(b_row, 2 * n), acc);
-          acc = fma_ftz(bf16_at(a_row, 2 * k2 + 1), bf16_at(b_row, 2 * n + 1), acc);
+          even = fma_ftz(bf16_at(a_row, 2 * k2), bf16_at(b_row, 2 * n), even);
+          odd = fma_ftz(bf16_at(a_row, 2 * k2 + 1), bf16_at(b_row, 2 * n + 1), odd);
         }
-        write<float>(c_row + 4 * n, acc);
+        const float pair_sum = fma_ftz(even, 1.0f, odd);
+        write<float>(c_row + 4 * n, fma_ftz(daz(read<float>(c_row + 4 * n)), 1.0f, pair_sum));
       }
     }
   }

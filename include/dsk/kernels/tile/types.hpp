@@ -45,6 +45,9 @@ struct TReg {
   static_assert(1 <= Rows && Rows <= kMaxRows, "a tile has 1..16 rows");
   static_assert(1 <= Cols && Cols * static_cast<int>(sizeof(T)) <= kRowBytes,
                 "a tile row holds 1..64 bytes");
+  // AMX raises #UD on a tile load or store whose configured row is not whole dwords.
+  static_assert(Cols * static_cast<int>(sizeof(T)) % 4 == 0,
+                "a tile row holds a multiple of 4 bytes");
 
   using element = T;
   static constexpr int id = Id;

@@ -2,14 +2,17 @@
 // unit lives, and the operations on them (zero, load, store, mma), the same on every ISA.
 //
 // Numerics contract (all backends, bit for bit):
-//   bf16 x bf16 -> f32 (TDPBF16PS, Intel SDM): for each output element C[m][n], for k2 ascending,
-//       acc = acc + A[m][2k2]   * B[2k2][n]
-//       acc = acc + A[m][2k2+1] * B[2k2+1][n]
-//     each step rounded once to f32, round to nearest even (the bf16 product is exact in f32, so a
-//     step is an FMA), with DAZ (denormal A, B and C inputs read as zero of their sign) and FTZ (a
-//     result that is tiny after rounding becomes zero of its sign). MXCSR is neither used nor
-//     changed. Finite inputs give the same bits everywhere; a NaN result is NaN on every backend
-//     but its payload may differ.
+//   bf16 x bf16 -> f32 (TDPBF16PS, as measured on Sapphire Rapids-class hardware; the SDM's
+//     older pseudocode, one chain through C, is not what the hardware does): for each output
+//     element C[m][n], two chains start from +0 and run over k2 ascending,
+//       even = even + A[m][2k2]   * B[2k2][n]
+//       odd  = odd  + A[m][2k2+1] * B[2k2+1][n]
+//     and then C[m][n] = C[m][n] + (even + odd). Every step is rounded once to f32, round to
+//     nearest even (the bf16 product is exact in f32, so a chain step is an FMA), with DAZ
+//     (denormal A, B and C inputs read as zero of their sign) and FTZ (a result that is tiny after
+//     rounding becomes zero of its sign). MXCSR is neither used nor changed. Finite inputs give
+//     the same bits everywhere; a NaN result is NaN on every backend but its payload may differ.
+//     (tests/tile checks this against the hardware wherever AMX runs.)
 //   s8/u8 x s8/u8 -> s32 (TDPBSSD, TDPBSUD, TDPBUSD, TDPBUUD): exact products, int32 sums that wrap
 //     around.
 //
