@@ -127,8 +127,12 @@ void print_ceilings(std::FILE* out, const Ceilings& c) {
     std::string text;
     if (auto it = c.total.find(term); it != c.total.end()) {
       text = rate_text(it->second, t.bandwidth);
-      if (auto pc = c.per_core.find(term); pc != c.per_core.end() && c.threads > 1)
+      if (auto pc = c.per_core.find(term); pc != c.per_core.end() && c.threads > 1) {
         text += "  [" + rate_text(pc->second, t.bandwidth) + "]";
+        // All threads cannot do less than one of them: another tenant or process took the
+        // machine during this measurement, and every "of bound" against it reads too high.
+        if (it->second < pc->second) text += "  BELOW ONE THREAD: machine busy, ratios inflated";
+      }
     } else if (auto why = c.unavailable.find(term); why != c.unavailable.end()) {
       text = "n/a (" + why->second + ")";
     } else {
