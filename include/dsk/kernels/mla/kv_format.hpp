@@ -51,8 +51,10 @@ constexpr int64_t global_slot(int64_t block, int64_t offset, int64_t page_block_
   return block * page_block_size + offset;
 }
 
-// Writes one token: latent f32 [512] (NaN and inf propagate into the tile's scale and codes as
-// e4m3 conversion defines), rope bf16 [64], to 656 bytes at dst.
+// Writes one token: latent f32 [512], rope bf16 [64], to 656 bytes at dst. A tile holding a NaN
+// gets the floor scale (a NaN amax fails the `> 1e-4` test), so the NaN keeps its NaN code and the
+// tile's other values saturate; an inf amax gives the largest scale (ceil_to_ue8m0 clamps to
+// 2^127). Upstream's torch.clamp would give a NaN scale instead (open: see docs/mla.md).
 inline void quantize_token(const float* latent, const bf16* rope, uint8_t* dst) {
   for (int64_t t = 0; t < kNumScales; ++t) {
     float amax = 0.0f;
