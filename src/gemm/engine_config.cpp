@@ -115,7 +115,7 @@ std::vector<KernelConfig> candidate_configs(const ProblemShape& shape) {
         return;
     out.push_back(c);
   };
-  if (shape.m_max > kSmallMMax) {
+  if (shape.m_max > base.small_m_max) {    // the large-M path runs: vary its blocks
     const int step = row_step(shape.isa);  // 96 and 192 are multiples of both
     for (int bm : {96, 192})
       for (int bn : {256, 512})
