@@ -25,7 +25,7 @@ constexpr int kSmallMMax = 16;  // up to here the weights, not the products, bou
 // On amx the dot path's VDPBF16PS is slow (about 0.13 TFLOPS on 2 cores, measured) next to the
 // tiles, so past 4 rows the products bound it and the tile path (padded to 32 rows) is faster.
 constexpr int kAmxSmallMMax = 4;
-constexpr int kLargeBlockM = 96;   // 16 DotTile row tiles, 3 AMX row tiles
+constexpr int kLargeBlockM = 96;   // 16 DotTile row tiles (avx512, generic)
 constexpr int kLargeBlockN = 256;  // 4 panels: A block reused 4 times per widening
 constexpr int kLargeBlockK = 256;  // 32 KiB of bf16 panel rows: one pass of B stays in L1
 constexpr int kSmallBlockK = 256;  // with several row groups, a pass is re-read from L1
