@@ -15,6 +15,7 @@
 
 #include <dsk/kernels/gemm/args.hpp>
 #include <dsk/kernels/gemm/widen.hpp>
+#include <dsk/kernels/tile/block.hpp>
 #include <dsk/kernels/tile/dot.hpp>
 #include <dsk/kernels/tile/unit.hpp>
 
@@ -84,57 +85,6 @@ void dot_row_tile(const Problem& p, const GemmSegment& s, const ScaleModes& mode
   }
 }
 
-// One 32 x 32 tile block (rows padded with zero rows of A) over the pass: four 16 x 16 tile
-// accumulators, two A tiles, two B tiles of 16 columns each, on the TileUnit of ISA T (amx; the
-// avx512 and generic units emulate AMX bit for bit, which lets the tests run this path anywhere).
-template <tile::Isa T>
-struct TileRegs {
-  using C00 = tile::TileC<0, bf16, 16, 16>;
-  using C01 = tile::TileC<1, bf16, 16, 16>;
-  using C10 = tile::TileC<2, bf16, 16, 16>;
-  using C11 = tile::TileC<3, bf16, 16, 16>;
-  using A0 = tile::TileA<4, bf16, 16, 32>;
-  using A1 = tile::TileA<5, bf16, 16, 32>;
-  using B0 = tile::TileB<6, bf16, 32, 16>;
-  using B1 = tile::TileB<7, bf16, 32, 16>;
-  using Unit = tile::TileUnit<T, C00, C01, C10, C11, A0, A1, B0, B1>;
-};
-
-// c (32 x 32 block of a row-major f32 buffer, ldc elements) (+)= a (32 rows, lda) . b over
-// kc_pad values (a multiple of 32).
-template <tile::Isa T>
-void tile_block(typename TileRegs<T>::Unit& u, const bf16* a, int64_t lda, const bf16* b,
-                int64_t kc_pad, float* c, int64_t ldc, bool load_c) {
-  using R = TileRegs<T>;
-  const int64_t a_stride = lda * 2, b_stride = kPanelRowBf16 * 2, c_stride = ldc * 4;
-  if (load_c) {
-    u.load(typename R::C00{}, c, c_stride);
-    u.load(typename R::C01{}, c + 16, c_stride);
-    u.load(typename R::C10{}, c + 16 * ldc, c_stride);
-    u.load(typename R::C11{}, c + 16 * ldc + 16, c_stride);
-  } else {
-    u.zero(typename R::C00{});
-    u.zero(typename R::C01{});
-    u.zero(typename R::C10{});
-    u.zero(typename R::C11{});
-  }
-  for (int64_t kk = 0; kk < kc_pad; kk += 32) {
-    const bf16* b_rows = b + kk / 2 * kPanelRowBf16;
-    u.load(typename R::A0{}, a + kk, a_stride);
-    u.load(typename R::A1{}, a + 16 * lda + kk, a_stride);
-    u.load(typename R::B0{}, b_rows, b_stride);
-    u.load(typename R::B1{}, b_rows + 32, b_stride);
-    u.mma(typename R::C00{}, typename R::A0{}, typename R::B0{});
-    u.mma(typename R::C01{}, typename R::A0{}, typename R::B1{});
-    u.mma(typename R::C10{}, typename R::A1{}, typename R::B0{});
-    u.mma(typename R::C11{}, typename R::A1{}, typename R::B1{});
-  }
-  u.store(typename R::C00{}, c, c_stride);
-  u.store(typename R::C01{}, c + 16, c_stride);
-  u.store(typename R::C10{}, c + 16 * ldc, c_stride);
-  u.store(typename R::C11{}, c + 16 * ldc + 16, c_stride);
-}
-
 // c[r][j] = fma(t[r][j], row_scale[r] * col_scale[j], c[r][j]) for a 32 x 32 block (dot_promote's
 // arithmetic, for partial sums that come out of tile registers).
 template <tile::Isa T>
@@ -161,7 +111,7 @@ void tile_promote(const float* t, float* c, int64_t ldc, const float* row_scale,
 
 // Every 32-row tile of one panel over the pass (A and C padded with zero rows to whole tiles).
 template <tile::Isa T>
-void tile_panel_pass(typename TileRegs<T>::Unit& u, const Problem& p, const GemmSegment& s,
+void tile_panel_pass(typename tile::BlockRegs<T>::Unit& u, const Problem& p, const GemmSegment& s,
                      const ScaleModes& modes, const PassOperands& op, int64_t row0, int64_t rows,
                      int64_t panel, int64_t k0, int64_t kc, float* c, int64_t ldc,
                      float* tile_buffer) {
@@ -172,7 +122,7 @@ void tile_panel_pass(typename TileRegs<T>::Unit& u, const Problem& p, const Gemm
       const bf16* b = op.b + 2 * 32 * half;  // columns [32 half, 32 half + 32): bf16 pairs
       float* block = c + r * ldc + 32 * half;
       if (modes.gran == 0) {
-        tile_block<T>(u, a, op.lda, b, kc_pad, block, ldc, k0 != 0);
+        tile::mma_block<T, 32, 32>(u, a, op.lda, b, kPanelRowBf16, kc_pad, block, ldc, k0 != 0);
         continue;
       }
       for (int64_t g = 0; g < kc; g += modes.gran) {
@@ -181,8 +131,9 @@ void tile_panel_pass(typename TileRegs<T>::Unit& u, const Problem& p, const Gemm
         promotion_row_scales(modes, s, row0 + r, static_cast<int>(std::min<int64_t>(32, rows - r)),
                              k0 + g, row_scale);
         const float* col_scale = promotion_col_scales(modes, p, s, panel, k0 + g) + 32 * half;
-        tile_block<T>(u, a + g, op.lda, b + g / 2 * kPanelRowBf16,
-                      round_up(std::min(modes.gran, kc - g), 32), tile_buffer, 32, false);
+        tile::mma_block<T, 32, 32>(u, a + g, op.lda, b + g / 2 * kPanelRowBf16, kPanelRowBf16,
+                                   round_up(std::min(modes.gran, kc - g), 32), tile_buffer, 32,
+                                   false);
         tile_promote<T>(tile_buffer, block, ldc, row_scale, col_scale);
       }
     }
@@ -206,7 +157,7 @@ void large_m_item(const Problem& p, const GemmSegment& s, const GemmItem& item,
   const ScaleModes modes = scale_modes(p, s);
   if (modes.gran != 0)
     std::memset(c, 0, static_cast<size_t>((kAmx ? rows_pad : rows) * ldc) * sizeof(float));
-  [[maybe_unused]] std::conditional_t<kAmx, typename large_m_detail::TileRegs<I>::Unit, char> unit;
+  [[maybe_unused]] std::conditional_t<kAmx, typename tile::BlockRegs<I>::Unit, char> unit;
 
   for (int64_t k0 = 0; k0 < p.b.k; k0 += p.block_k) {
     const int64_t kc = std::min(p.block_k, p.b.k - k0);

@@ -8,6 +8,7 @@
 //   types.hpp     TReg<Id, T, Rows, Cols> and TileA / TileB / TileC, the MmaOperands concept
 //   unit.hpp      TileUnit<Isa, Regs...>: zero / load / store / mma, and the numerics contract
 //   pack.hpp      B into VNNI form (from K x N or N x K), zero-padded block copies
+//   block.hpp     a register-blocked C (+)= A . B of up to 32 x 32 on a TileUnit
 //   epilogue.hpp  scale rows / columns, accumulate (scaled), f32 rows -> bf16 rows
 //   convert.hpp   format converters (bf16, f16, e4m3, e5m2, e2m1) for registers and arrays
 //
@@ -17,6 +18,7 @@
 // or the library's *_avx512.cpp / *_amx.cpp files). docs/tile.md walks through one.
 #pragma once
 
+#include <dsk/kernels/tile/block.hpp>
 #include <dsk/kernels/tile/convert.hpp>
 #include <dsk/kernels/tile/epilogue.hpp>
 #include <dsk/kernels/tile/isa.hpp>
