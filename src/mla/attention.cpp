@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,14 @@ namespace dsk::mla {
 
 namespace k = kernels::mla;
 using detail::KernelTable;
+
+namespace {
+std::optional<detail::Products> products_override;
+}  // namespace
+
+void detail::set_products_override(std::optional<Products> products) {
+  products_override = products;
+}
 
 // ---- the schedule ----
 
@@ -42,8 +51,13 @@ FlashMLASchedMeta get_mla_metadata() {
 namespace {
 
 const KernelTable& kernel_table() {
-  return backend() == Backend::generic ? detail::kernel_table_generic()
-                                       : detail::kernel_table_avx512();
+  using detail::Products;
+  const Backend b = backend();
+  const Products products = products_override.value_or(b == Backend::amx ? Products::tile_registers
+                                                                         : Products::dot_tiles);
+  if (b == Backend::generic) return detail::kernel_table_generic(products);
+  if (b == Backend::amx && products == Products::tile_registers) return detail::kernel_table_amx();
+  return detail::kernel_table_avx512(products);
 }
 
 // In deterministic mode the split is planned for this many threads whatever the real count, so
@@ -79,20 +93,7 @@ struct Workspace {
   k::Scratch scratch(const k::Problem& p) {
     bf16s.resize(static_cast<size_t>(k::scratch_bf16s(p)));
     floats.resize(static_cast<size_t>(k::scratch_floats(p)));
-    bf16* b = bf16s.data();
-    k::Scratch s{};
-    s.q_panel = b;
-    b += p.d_qk * p.rows_pad;
-    s.keys = b;
-    b += k::kChunk * p.d_qk;
-    s.zeros = b;
-    b += p.d_qk;
-    s.v_panel = b;
-    b += k::kChunk * p.d_v;
-    s.p_panel = b;
-    s.s = floats.data();
-    s.alpha = floats.data() + k::kChunk * p.rows_pad;
-    return s;
+    return k::carve_scratch(p, bf16s.data(), floats.data());
   }
 };
 

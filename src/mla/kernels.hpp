@@ -1,7 +1,9 @@
-// The attention kernels of one backend as a table of function pointers, one table per ISA
-// translation unit (kernels_generic.cpp, kernels_avx512.cpp); the API layer picks the table of
-// dsk::backend(). Private to src/mla.
+// The attention kernels of one backend as a table of function pointers, the tables of an ISA in
+// its translation unit (kernels_generic.cpp, kernels_avx512.cpp, kernels_amx.cpp); the API layer
+// picks the table of dsk::backend(). Private to src/mla.
 #pragma once
+
+#include <optional>
 
 #include <dsk/kernels/mla/attention.hpp>
 
@@ -22,17 +24,29 @@ struct KernelTable {
                    float*, const k::RowMap&, float*, const k::RowMap&);
 };
 
-template <class I>
+// The kernels of ISA I: the products on tile registers when kTiles (amx, or AMX emulated by the
+// avx512 and generic tile units), else on dot tiles.
+template <class I, bool kTiles>
 constexpr KernelTable make_kernel_table() {
-  return KernelTable{.pack_queries = &k::pack_queries<I>,
-                     .reset_state = &k::reset_state<I>,
-                     .attend_gather = &k::attend_gather<I>,
-                     .attend_paged = &k::attend_paged<I>,
-                     .attend_fp8 = &k::attend_fp8<I>,
-                     .finalize = &k::finalize<I>};
+  using V = tile::vector_isa_t<I>;
+  return KernelTable{.pack_queries = &k::pack_queries<V>,
+                     .reset_state = &k::reset_state<V>,
+                     .attend_gather = &k::attend_gather<I, kTiles>,
+                     .attend_paged = &k::attend_paged<I, kTiles>,
+                     .attend_fp8 = &k::attend_fp8<I, kTiles>,
+                     .finalize = &k::finalize<V>};
 }
 
-const KernelTable& kernel_table_generic();  // kernels_generic.cpp
-const KernelTable& kernel_table_avx512();   // kernels_avx512.cpp (avx512 and amx backends)
+enum class Products { dot_tiles, tile_registers };
+
+const KernelTable& kernel_table_generic(Products);  // kernels_generic.cpp
+const KernelTable& kernel_table_avx512(Products);   // kernels_avx512.cpp
+const KernelTable& kernel_table_amx();              // kernels_amx.cpp (tile registers)
+
+// Which products the API layer runs: by default tile registers on the amx backend and dot tiles
+// elsewhere. Tests and benchmarks override it (tile registers on avx512 or generic emulate AMX;
+// dot tiles on amx run the avx512 kernels); nullopt restores the default. Not thread-safe: set it
+// between calls.
+void set_products_override(std::optional<Products> products);
 
 }  // namespace dsk::mla::detail

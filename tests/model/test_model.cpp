@@ -65,7 +65,11 @@ TEST(Model, MatchesReferenceForPrefillAndDecode) {
   EXPECT_EQ(model.free_pages(), model.total_pages());
 }
 
-// A single layer has no earlier rounding to amplify: the logits match without any replay.
+// A single layer has no earlier rounding to amplify: the logits match without any replay. Not bit
+// for bit: where the attention kernels round a score or a probability differently from the
+// reference (amx's tile products sum in another order than the dot tiles), an output can move by
+// an ulp and with it the scale of an FP8 block downstream. Measured on v32-tiny: 2.3e-5 on the
+// tile path at prefill, 2e-14 on the dot tiles and at every decode step.
 TEST(Model, OneLayerMatchesReferenceWithoutReplay) {
   Config c = preset("v32-tiny");
   c.n_layers = 1;
@@ -75,7 +79,7 @@ TEST(Model, OneLayerMatchesReferenceWithoutReplay) {
   ref::model::Reference reference(w, {.round_p_to_bf16 = true});
   const ref::model::CrossCheck check =
       ref::model::cross_check(model, reference, random_tokens(90, 3), 4, false);
-  EXPECT_LT(check.max_diff(), 1e-6);
+  EXPECT_LT(check.max_diff(), 1e-4);
 }
 
 // Requests of different lengths in one step (two prefills and a decode) give each request's

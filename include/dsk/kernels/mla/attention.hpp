@@ -22,11 +22,14 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include <dsk/kernels/mla/kv_format.hpp>
 #include <dsk/kernels/numeric.hpp>
+#include <dsk/kernels/tile/block.hpp>
 #include <dsk/kernels/tile/dot.hpp>
+#include <dsk/kernels/tile/pack.hpp>
 #include <dsk/kernels/tk/math.hpp>
 #include <dsk/kernels/tk/simd.hpp>
 
@@ -34,8 +37,14 @@ DSK_SILENCE_GCC_BUG_105593_BEGIN  // see dsk/kernels/abi.hpp
 
 namespace dsk::kernels::mla {
 
-// Keys per chunk: a multiple of 6, 8 and 12 (the key-tile heights) and of 2 (VNNI pairs).
+// Keys per chunk of the dot-tile path: a multiple of 6, 8 and 12 (the key-tile heights) and of 2
+// (VNNI pairs).
 inline constexpr int64_t kChunk = 96;
+// Keys per chunk of the tile-register path: a multiple of 32 (one K step of P . V). Each chunk's
+// P . V leaves the tile registers to be merged into O, so longer chunks spend less on moving O;
+// 192 keeps the chunk's operands (about 1 MiB at 128 query rows) inside L2.
+inline constexpr int64_t kTileChunk = 192;
+inline constexpr int64_t kMaxChunk = std::max(kChunk, kTileChunk);
 // Query rows are padded to whole 16-lane vectors.
 inline constexpr int64_t kRowAlign = 16;
 
@@ -61,15 +70,18 @@ struct Problem {
   const int32_t* key_limit = nullptr;
 };
 
-// Per-thread working memory (sizes from scratch_floats / scratch_bf16s).
+// Per-thread working memory (sizes from scratch_floats / scratch_bf16s, laid out by
+// carve_scratch). A chunk has up to kMaxChunk keys.
 struct Scratch {
-  bf16* q_panel;  // [d_qk / 2][rows_pad][2]
-  bf16* keys;     // [kChunk][d_qk]: dequantized keys
-  bf16* zeros;    // [d_qk] zeros: the rows that pad a chunk
-  bf16* v_panel;  // [kChunk / 2][d_v][2]
-  bf16* p_panel;  // [kChunk / 2][rows_pad][2]
-  float* s;       // [kChunk][rows_pad]
-  float* alpha;   // [rows_pad]
+  bf16* q_panel;   // [d_qk / 2][rows_pad][2], rows q_panel_ld apart
+  bf16* keys;      // [chunk][d_qk]: dequantized (dot tiles) or gathered (tile registers) keys
+  bf16* zeros;     // [d_qk] zeros: the rows that pad a chunk
+  bf16* v_panel;   // [chunk / 2][d_v][2], rows v_panel_ld apart
+  bf16* p_panel;   // [chunk / 2][rows_pad][2]
+  bf16* p_rows;    // [rows_pad][kTileChunk]: P row-major, the A side of the tiles' P . V
+  float* s;        // [chunk][rows_pad]
+  float* alpha;    // [rows_pad]
+  float* o_block;  // [32][32]: one block of a chunk's P . V out of the tile registers
 };
 
 // The running state of an item (or of one split of it).
@@ -82,12 +94,71 @@ struct State {
 constexpr int64_t round_up(int64_t x, int64_t to) {
   return (x + to - 1) / to * to;
 }
+// Row strides (bf16) of the VNNI panels: two values per column and one cache line more, so that
+// the rows of a tile fall in different L1 sets (at 2 KiB apart, 512 bf16 pairs, 16 rows share
+// two sets of the 48 KiB L1 and evict each other).
+constexpr int64_t q_panel_ld(const Problem& p) {
+  return 2 * p.rows_pad + 32;
+}
+constexpr int64_t v_panel_ld(const Problem& p) {
+  return 2 * p.d_v + 32;
+}
+
+// The scratch buffers one after another, each starting on a 64-byte line (a tile row that
+// straddles two lines costs the tile load both). `Carve` visits them in order with their sizes.
+inline constexpr int64_t kScratchAlign = 64;
+template <class Carve>
+void scratch_buffers(const Problem& p, Scratch& s, Carve&& carve) {
+  carve(s.q_panel, p.d_qk / 2 * q_panel_ld(p));
+  carve(s.keys, kMaxChunk * p.d_qk);
+  carve(s.zeros, p.d_qk);
+  carve(s.v_panel, kMaxChunk / 2 * v_panel_ld(p));
+  carve(s.p_panel, kMaxChunk * p.rows_pad);
+  carve(s.p_rows, p.rows_pad * kTileChunk);
+  carve(s.s, kMaxChunk * p.rows_pad);
+  carve(s.alpha, p.rows_pad);
+  carve(s.o_block, int64_t{32 * 32});
+}
+
+// Elements of each type the scratch of p needs, the alignment of the bases included.
+template <class T>
+int64_t scratch_elements(const Problem& p) {
+  constexpr int64_t kPerLine = kScratchAlign / static_cast<int64_t>(sizeof(T));
+  int64_t total = kPerLine;
+  Scratch s{};
+  scratch_buffers(p, s, [&]<class U>(U*&, int64_t n) {
+    if constexpr (std::is_same_v<U, T>) total += round_up(n, kPerLine);
+  });
+  return total;
+}
 inline int64_t scratch_bf16s(const Problem& p) {
-  return p.d_qk / 2 * p.rows_pad * 2 + kChunk * p.d_qk + p.d_qk + kChunk / 2 * p.d_v * 2 +
-         kChunk / 2 * p.rows_pad * 2;
+  return scratch_elements<bf16>(p);
 }
 inline int64_t scratch_floats(const Problem& p) {
-  return kChunk * p.rows_pad + p.rows_pad;
+  return scratch_elements<float>(p);
+}
+
+// The scratch of p in bf16s (scratch_bf16s of them) and floats (scratch_floats).
+inline Scratch carve_scratch(const Problem& p, bf16* bf16s, float* floats) {
+  const auto align = [](auto* ptr) {
+    const auto at = reinterpret_cast<uintptr_t>(ptr);
+    return reinterpret_cast<decltype(ptr)>((at + kScratchAlign - 1) / kScratchAlign *
+                                           kScratchAlign);
+  };
+  bf16* next_bf16 = align(bf16s);
+  float* next_float = align(floats);
+  Scratch s{};
+  scratch_buffers(p, s, [&]<class U>(U*& buffer, int64_t n) {
+    U*& next = [&]() -> U*& {
+      if constexpr (std::is_same_v<U, bf16>)
+        return next_bf16;
+      else
+        return next_float;
+    }();
+    buffer = next;
+    next += round_up(n, kScratchAlign / static_cast<int64_t>(sizeof(U)));
+  });
+  return s;
 }
 inline int64_t state_floats(const Problem& p) {
   return p.rows * p.d_v + 2 * p.rows_pad;
@@ -209,7 +280,7 @@ inline void score_tile(const Problem& p, const bf16* const (&keys)[Keys], int64_
                        Scratch& s) {
   DotTile<I, Keys, Vecs> t;
   tile::dot_zero(t);
-  tile::dot_steps_rows(t, keys, s.q_panel + 2 * c0, 2 * p.rows_pad, p.d_qk / 2);
+  tile::dot_steps_rows(t, keys, s.q_panel + 2 * c0, q_panel_ld(p), p.d_qk / 2);
   tile::dot_store(t, s.s + k0 * p.rows_pad + c0, p.rows_pad);
 }
 
@@ -243,9 +314,11 @@ void scores(const Problem& p, const bf16* const* key_rows, Scratch& s) {
 }
 
 // Online softmax over the n keys [k_begin, k_begin + n) of a chunk (scores in s.s): updates m and
-// l, writes alpha (the factor O must be rescaled by) and the bf16 probabilities.
+// l, writes alpha (the factor O must be rescaled by) and the bf16 probabilities of `width` keys
+// (an even count >= n; those past n are 0).
 template <class I>
-void softmax_chunk(const Problem& p, int64_t k_begin, int64_t n, Scratch& s, State& st) {
+void softmax_chunk(const Problem& p, int64_t k_begin, int64_t n, int64_t width, Scratch& s,
+                   State& st) {
   using S = tk::kernels::Simd<I>;
   using F = typename S::F;
   const F scale = S::set1(p.scale);
@@ -267,7 +340,7 @@ void softmax_chunk(const Problem& p, int64_t k_begin, int64_t n, Scratch& s, Sta
     const F m_safe = S::select(S::eq(m_new, neg_inf), S::zero(), m_new);
     const F alpha = tk::kernels::exp<S>(S::sub(m_old, m_safe));
     F sum = S::zero();
-    for (int64_t r = 0; r < kChunk; r += 2) {
+    for (int64_t r = 0; r < width; r += 2) {
       F pr[2];
       for (int64_t j = 0; j < 2; ++j) {
         pr[j] = S::zero();
@@ -295,7 +368,7 @@ inline void pv_tile(const Problem& p, int64_t r0, int64_t c0, int64_t pairs, con
   for (int64_t k2 = 0; k2 < pairs; ++k2) {
     tile::DotPairs<I> b[4];
     for (int v = 0; v < 4; ++v)
-      b[v] = tile::dot_load_pairs<I>(s.v_panel + k2 * 2 * p.d_v + 2 * (c0 + 16 * v));
+      b[v] = tile::dot_load_pairs<I>(s.v_panel + k2 * v_panel_ld(p) + 2 * (c0 + 16 * v));
     tile::dot_step(t, s.p_panel + k2 * 2 * p.rows_pad + 2 * r0, 2, b);
   }
   tile::dot_store(t, o, p.d_v);
@@ -323,6 +396,77 @@ void accumulate_pv(const Problem& p, int64_t pairs, const Scratch& s, State& st)
   }
 }
 
+// ---- the tile-register path: S^T and P . V as bf16 tile products (amx; the avx512 and generic
+// units emulate AMX bit for bit, which is how machines without AMX test it) ----
+
+template <tile::Isa T>
+using TileUnitOf = typename tile::BlockRegs<T>::Unit;
+
+// The chunk's keys [kc, kc + n) copied (or dequantized) into s.keys as rows of d_qk, zero rows up
+// to `width`, and V's key pairs of those rows into s.v_panel: each key is read from its source
+// once, then packed for both products from L1.
+template <class V, class Source>
+void gather_chunk(const Problem& p, const Source& src, int64_t kc, int64_t n, int64_t width,
+                  Scratch& s) {
+  const auto row_bytes = static_cast<size_t>(2 * p.d_qk);
+  for (int64_t r = 0; r < width; ++r) {
+    bf16* dst = s.keys + r * p.d_qk;
+    if (r < n) {
+      const bf16* row = src.row(kc + r, dst);
+      if (row != dst) std::memcpy(static_cast<void*>(dst), row, row_bytes);
+    } else {
+      std::memset(static_cast<void*>(dst), 0, row_bytes);
+    }
+    if (r % 2 == 1)  // width is even
+      interleave_rows<V>(dst - p.d_qk, dst, p.d_v, s.v_panel + r / 2 * v_panel_ld(p));
+  }
+}
+
+// S^T [width keys][rows_pad] = keys . Q^T, in 32 x 32 blocks over d_qk.
+template <tile::Isa T>
+void tile_scores(TileUnitOf<T>& u, const Problem& p, int64_t width, Scratch& s) {
+  for (int64_t k0 = 0; k0 < width; k0 += 32) {
+    const bf16* a = s.keys + k0 * p.d_qk;
+    float* c = s.s + k0 * p.rows_pad;
+    int64_t c0 = 0;
+    for (; c0 + 32 <= p.rows_pad; c0 += 32)
+      tile::mma_block<T, 32, 32>(u, a, p.d_qk, s.q_panel + 2 * c0, q_panel_ld(p), p.d_qk, c + c0,
+                                 p.rows_pad, false);
+    if (c0 < p.rows_pad)
+      tile::mma_block<T, 32, 16>(u, a, p.d_qk, s.q_panel + 2 * c0, q_panel_ld(p), p.d_qk, c + c0,
+                                 p.rows_pad, false);
+  }
+}
+
+// O = alpha * O + P . V for the chunk: each 32 x 32 block of P . V is summed from zero in the
+// tile registers over the chunk's keys, then merged into O with one FMA per element (the rescale
+// and the accumulation in one pass over O).
+template <tile::Isa T>
+void tile_pv(TileUnitOf<T>& u, const Problem& p, int64_t width, Scratch& s, State& st) {
+  using S = tk::kernels::SimdOf<T>;
+  // P from its VNNI pairs of keys to rows of keys: a dword transpose, which is what packing an
+  // N x K matrix into VNNI form does (N = key pairs, K = the rows' pairs of bf16).
+  const int rows2 = static_cast<int>(2 * p.rows_pad), pairs = static_cast<int>(width / 2);
+  tile::pack_b_vnni_nt<T>(s.p_panel, rows2, rows2, pairs, s.p_rows, kTileChunk, rows2, pairs);
+  for (int64_t r0 = 0; r0 < p.rows; r0 += 32) {
+    const bf16* a = s.p_rows + r0 * kTileChunk;
+    const int64_t rows = std::min<int64_t>(32, p.rows - r0);
+    for (int64_t c0 = 0; c0 < p.d_v; c0 += 32) {
+      const bf16* b = s.v_panel + 2 * c0;
+      if (p.rows_pad - r0 >= 32)
+        tile::mma_block<T, 32, 32>(u, a, kTileChunk, b, v_panel_ld(p), width, s.o_block, 32, false);
+      else
+        tile::mma_block<T, 16, 32>(u, a, kTileChunk, b, v_panel_ld(p), width, s.o_block, 32, false);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* o = st.o + (r0 + r) * p.d_v + c0;
+        const auto alpha = S::set1(s.alpha[r0 + r]);
+        for (int64_t j = 0; j < 32; j += 16)
+          S::store(o + j, S::fma(S::load(o + j), alpha, S::load(s.o_block + r * 32 + j)));
+      }
+    }
+  }
+}
+
 }  // namespace attention_detail
 
 // The query rows of an item into s.q_panel: row r at q + map.offset(r) (d_qk contiguous bf16);
@@ -330,14 +474,14 @@ void accumulate_pv(const Problem& p, int64_t pairs, const Scratch& s, State& st)
 template <class I>
 void pack_queries(const Problem& p, const bf16* q, const RowMap& map, Scratch& s) {
   auto* panel = reinterpret_cast<uint32_t*>(s.q_panel);
+  const int64_t ld = q_panel_ld(p) / 2;  // in pairs
   for (int64_t r = 0; r < p.rows_pad; ++r) {
     if (r >= p.rows) {
-      for (int64_t k2 = 0; k2 < p.d_qk / 2; ++k2) panel[k2 * p.rows_pad + r] = 0;
+      for (int64_t k2 = 0; k2 < p.d_qk / 2; ++k2) panel[k2 * ld + r] = 0;
       continue;
     }
     const bf16* row = q + map.offset(r);
-    for (int64_t k2 = 0; k2 < p.d_qk / 2; ++k2)
-      std::memcpy(panel + k2 * p.rows_pad + r, row + 2 * k2, 4);
+    for (int64_t k2 = 0; k2 < p.d_qk / 2; ++k2) std::memcpy(panel + k2 * ld + r, row + 2 * k2, 4);
   }
   std::fill(s.zeros, s.zeros + p.d_qk, bf16{});
 }
@@ -364,28 +508,62 @@ void attend(const Problem& p, const Source& src, int64_t k0, int64_t k1, Scratch
     for (int64_t r = 0; r < kChunk; ++r)
       key_rows[r] = r < n ? src.row(kc + r, s.keys + r * p.d_qk) : s.zeros;
     attention_detail::scores<I>(p, key_rows, s);
-    attention_detail::softmax_chunk<I>(p, kc, n, s, st);
+    attention_detail::softmax_chunk<I>(p, kc, n, kChunk, s, st);
     for (int64_t r = 0; r < n; r += 2)
       attention_detail::interleave_rows<I>(key_rows[r], r + 1 < n ? key_rows[r + 1] : s.zeros,
-                                           p.d_v, s.v_panel + r * p.d_v);
+                                           p.d_v, s.v_panel + r / 2 * v_panel_ld(p));
     attention_detail::accumulate_pv<I>(p, (n + 1) / 2, s, st);
   }
 }
 
-template <class I>
+// attend on the tile registers of ISA T (amx, or an AMX emulation): chunks of kTileChunk keys,
+// of which only whole 32-key steps up to the chunk's last key are computed.
+template <tile::Isa T, class Source>
+void attend_tiles(const Problem& p, const Source& src, int64_t k0, int64_t k1, Scratch& s,
+                  State& st) {
+  using V = tile::vector_isa_t<T>;
+  attention_detail::TileUnitOf<T> unit;
+  const auto prefetch_chunk = [&](int64_t kc) {
+    for (int64_t k = kc; k < std::min(kc + kTileChunk, k1); ++k)
+      prefetch_l2(src.address(k), src.bytes(2 * p.d_qk));
+  };
+  prefetch_chunk(k0);
+  for (int64_t kc = k0; kc < k1; kc += kTileChunk) {
+    const int64_t n = std::min(kTileChunk, k1 - kc), width = round_up(n, 32);
+    prefetch_chunk(kc + kTileChunk);
+    attention_detail::gather_chunk<V>(p, src, kc, n, width, s);
+    attention_detail::tile_scores<T>(unit, p, width, s);
+    attention_detail::softmax_chunk<V>(p, kc, n, width, s, st);
+    attention_detail::tile_pv<T>(unit, p, width, s, st);
+  }
+}
+
+// The entry points of a kernel table: on the tile registers of T when kTiles (T = amx always),
+// else on T's dot tiles.
+template <class T, bool kTiles>
 void attend_gather(const Problem& p, const GatherSource& src, int64_t k0, int64_t k1, Scratch& s,
                    State& st) {
-  attend<I>(p, src, k0, k1, s, st);
+  if constexpr (kTiles)
+    attend_tiles<T>(p, src, k0, k1, s, st);
+  else
+    attend<T>(p, src, k0, k1, s, st);
 }
-template <class I>
+template <class T, bool kTiles>
 void attend_paged(const Problem& p, const PagedSource& src, int64_t k0, int64_t k1, Scratch& s,
                   State& st) {
-  attend<I>(p, src, k0, k1, s, st);
+  if constexpr (kTiles)
+    attend_tiles<T>(p, src, k0, k1, s, st);
+  else
+    attend<T>(p, src, k0, k1, s, st);
 }
-template <class I>
+template <class T, bool kTiles>
 void attend_fp8(const Problem& p, const Fp8Slots& src, int64_t k0, int64_t k1, Scratch& s,
                 State& st) {
-  attend<I>(p, Fp8Source<I>{src}, k0, k1, s, st);
+  using Source = Fp8Source<tile::vector_isa_t<T>>;
+  if constexpr (kTiles)
+    attend_tiles<T>(p, Source{src}, k0, k1, s, st);
+  else
+    attend<T>(p, Source{src}, k0, k1, s, st);
 }
 
 // Merges the states of the splits of one item into parts[0] (a fixed order: split 0, 1, ...).
