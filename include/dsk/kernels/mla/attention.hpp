@@ -217,16 +217,50 @@ struct Fp8Source {
     return dst;
   }
   static constexpr int64_t bytes(int64_t) { return kTokenBytes; }
-  // kv_format.hpp's dequantize_token_bf16, 16 values at a time.
+  // kv_format.hpp's dequantize_token_bf16, 16 values at a time (64 with a power-of-two scale).
   static void dequantize(const uint8_t* token, bf16* dst) {
     using S = tk::kernels::Simd<I>;
     for (int64_t t = 0; t < kNumScales; ++t) {
+      if (dequantize_pow2_tile(token, t, dst)) continue;
       const auto scale = S::set1(numeric::round_to_bf16(token_scale(token, t)));
       for (int64_t d = t * kScaleTile; d < (t + 1) * kScaleTile; d += 16)
         S::store(dst + d,
                  S::mul(S::load_e4m3_n(reinterpret_cast<const e4m3*>(token + d), 16), scale));
     }
     std::memcpy(dst + kLatentDim, token + kRopeOffset, 2 * kRopeDim);
+  }
+  // Tile t when its scale is 2^k (what quantize_kv_tokens writes) and every code times 2^k is a
+  // normal bf16: code to bf16 by table, then k added to the exponent of each finite nonzero value
+  // (zeros and NaN keep their bits). The product is exact, so the bits equal the f32 route's.
+  // Returns false (nothing written) otherwise, or off AVX-512.
+  static bool dequantize_pow2_tile([[maybe_unused]] const uint8_t* token,
+                                   [[maybe_unused]] int64_t t, [[maybe_unused]] bf16* dst) {
+    if constexpr (!std::same_as<tile::vector_isa_t<I>, tile::generic_t>) {
+#if DSK_TILE_HAS_AVX512
+      uint32_t bits;
+      const float scale = token_scale(token, t);
+      std::memcpy(&bits, &scale, 4);
+      const int64_t exponent = bits >> 23;  // the sign must be 0
+      // e4m3 values span exponents -9 .. 8: 2^k keeps them normal for k in [-117, 119].
+      if ((bits & 0x007FFFFFu) != 0 || exponent < 127 - 117 || exponent > 127 + 119) return false;
+      const __m512i add = _mm512_set1_epi16(static_cast<int16_t>((exponent - 127) << 7));
+      const __m512i exponent_bits = _mm512_set1_epi16(0x7F80),
+                    magnitude = _mm512_set1_epi16(0x7FFF);
+      const auto scaled = [&](__m512i v) {
+        const __mmask32 finite_nonzero =
+            _mm512_test_epi16_mask(v, magnitude) &
+            _mm512_cmpneq_epi16_mask(_mm512_and_si512(v, exponent_bits), exponent_bits);
+        return _mm512_mask_add_epi16(v, finite_nonzero, v, add);
+      };
+      for (int64_t d = t * kScaleTile; d < (t + 1) * kScaleTile; d += 64) {
+        const auto [lo, hi] = tile::e4m3x64_to_bf16(_mm512_loadu_si512(token + d));
+        _mm512_storeu_si512(dst + d, scaled(lo));
+        _mm512_storeu_si512(dst + d + 32, scaled(hi));
+      }
+      return true;
+#endif
+    }
+    return false;
   }
 };
 
@@ -402,6 +436,24 @@ void accumulate_pv(const Problem& p, int64_t pairs, const Scratch& s, State& st)
 template <tile::Isa T>
 using TileUnitOf = typename tile::BlockRegs<T>::Unit;
 
+// bytes from src to dst: inline vector moves when whole lines, where memcpy's call and its
+// string-move strategy cost more than the copy of a 1 KiB key row.
+template <class V>
+inline void copy_row(const bf16* src, size_t bytes, bf16* dst) {
+  if constexpr (!std::same_as<V, tile::generic_t>) {
+#if DSK_TILE_HAS_AVX512
+    if (bytes % 64 == 0) {
+      const auto* from = reinterpret_cast<const char*>(src);
+      auto* to = reinterpret_cast<char*>(dst);
+      for (size_t b = 0; b < bytes; b += 64)
+        _mm512_storeu_si512(to + b, _mm512_loadu_si512(from + b));
+      return;
+    }
+#endif
+  }
+  std::memcpy(static_cast<void*>(dst), src, bytes);
+}
+
 // The chunk's keys [kc, kc + n) copied (or dequantized) into s.keys as rows of d_qk, zero rows up
 // to `width`, and V's key pairs of those rows into s.v_panel: each key is read from its source
 // once, then packed for both products from L1.
@@ -413,7 +465,7 @@ void gather_chunk(const Problem& p, const Source& src, int64_t kc, int64_t n, in
     bf16* dst = s.keys + r * p.d_qk;
     if (r < n) {
       const bf16* row = src.row(kc + r, dst);
-      if (row != dst) std::memcpy(static_cast<void*>(dst), row, row_bytes);
+      if (row != dst) copy_row<V>(row, row_bytes, dst);
     } else {
       std::memset(static_cast<void*>(dst), 0, row_bytes);
     }
@@ -470,20 +522,39 @@ void tile_pv(TileUnitOf<T>& u, const Problem& p, int64_t width, Scratch& s, Stat
 }  // namespace attention_detail
 
 // The query rows of an item into s.q_panel: row r at q + map.offset(r) (d_qk contiguous bf16);
-// rows past p.rows are zero.
+// rows past p.rows are zero. A dword transpose (the panel's row g holds pair g of every query
+// row), done 16 x 16 in registers on AVX-512.
 template <class I>
 void pack_queries(const Problem& p, const bf16* q, const RowMap& map, Scratch& s) {
   auto* panel = reinterpret_cast<uint32_t*>(s.q_panel);
-  const int64_t ld = q_panel_ld(p) / 2;  // in pairs
+  const int64_t ld = q_panel_ld(p) / 2, pairs = p.d_qk / 2;  // in pairs
+  std::fill(s.zeros, s.zeros + p.d_qk, bf16{});
+  if constexpr (!std::same_as<tile::vector_isa_t<I>, tile::generic_t>) {
+#if DSK_TILE_HAS_AVX512
+    if (pairs % 16 == 0) {
+      for (int64_t r0 = 0; r0 < p.rows_pad; r0 += 16) {
+        const bf16* rows[16];
+        for (int i = 0; i < 16; ++i) rows[i] = r0 + i < p.rows ? q + map.offset(r0 + i) : nullptr;
+        for (int64_t g0 = 0; g0 < pairs; g0 += 16) {
+          __m512i v[16];
+          for (int i = 0; i < 16; ++i)
+            v[i] = rows[i] ? _mm512_loadu_si512(rows[i] + 2 * g0) : _mm512_setzero_si512();
+          tile::detail::transpose_16x16_epi32(v);
+          for (int j = 0; j < 16; ++j) _mm512_storeu_si512(panel + (g0 + j) * ld + r0, v[j]);
+        }
+      }
+      return;
+    }
+#endif
+  }
   for (int64_t r = 0; r < p.rows_pad; ++r) {
     if (r >= p.rows) {
-      for (int64_t k2 = 0; k2 < p.d_qk / 2; ++k2) panel[k2 * ld + r] = 0;
+      for (int64_t k2 = 0; k2 < pairs; ++k2) panel[k2 * ld + r] = 0;
       continue;
     }
     const bf16* row = q + map.offset(r);
-    for (int64_t k2 = 0; k2 < p.d_qk / 2; ++k2) std::memcpy(panel + k2 * ld + r, row + 2 * k2, 4);
+    for (int64_t k2 = 0; k2 < pairs; ++k2) std::memcpy(panel + k2 * ld + r, row + 2 * k2, 4);
   }
-  std::fill(s.zeros, s.zeros + p.d_qk, bf16{});
 }
 
 template <class I>
