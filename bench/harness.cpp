@@ -7,6 +7,7 @@
 #include <fstream>
 #include <string>
 
+#include <dsk/core/cpu.hpp>
 #include <dsk/core/error.hpp>
 
 namespace dsk::bench {
@@ -99,6 +100,10 @@ size_t last_level_cache_bytes() {
 
 size_t l2_cache_bytes() {
   return cache_bytes(2, _SC_LEVEL2_CACHE_SIZE, size_t{1} << 20);
+}
+
+std::string bf16_roof() {
+  return backend_supported(Backend::amx) ? "amx_bf16" : "avx512_bf16";
 }
 
 }  // namespace dsk::bench

@@ -135,4 +135,8 @@ size_t last_level_cache_bytes();
 // Bytes of one core's L2 (sysconf, then sysfs, else 1 MiB).
 size_t l2_cache_bytes();
 
+// The bf16 compute roof the kernels run against on this machine: amx_bf16 where the amx backend
+// runs (the tile kernels), else avx512_bf16 (the dot tiles).
+std::string bf16_roof();
+
 }  // namespace dsk::bench

@@ -43,11 +43,6 @@ constexpr int64_t kLargeM = 4096;
 constexpr int64_t kSmallMs[] = {1, 4, 16, 64};
 constexpr NK kSmallPairs[] = {{4096, 7168}, {7168, 16384}};
 
-// The compute roof the kernels run against here.
-std::string bf16_roof() {
-  return backend_supported(Backend::amx) ? "amx_bf16" : "avx512_bf16";
-}
-
 // ---- data ----
 
 uint64_t g_seed = 1;

@@ -1,6 +1,6 @@
 // The "indexer" module of `dsk bench` / `dsk verify`: the lightning indexer's dense MQA logits
 // (gemm::fp8_mqa_logits) and the paged decode logits (fp8_paged_mqa_logits) timed against the
-// bf16 compute roof, and a verify case against
+// bf16 compute roof of the machine (AMX where it runs), and a verify case against
 // dsk::ref::mqa_logits on fresh random data.
 #include <algorithm>
 #include <cmath>
@@ -51,7 +51,7 @@ Logits causal_problem(int64_t s, int64_t skv, int64_t h, int64_t d) {
 BenchCase logits_case(int64_t s, int64_t skv, int64_t h, int64_t d, bool quick) {
   return {.name = "fp8_mqa_logits",
           .shape = fmt::format("S={} Skv={} H={} D={} causal", s, skv, h, d),
-          .ceiling = "avx512_bf16",
+          .ceiling = bf16_roof(),
           .residency = Residency::hot,
           .quick = quick,
           .prepare = [=](const CaseContext&) {
@@ -105,7 +105,7 @@ BenchCase paged_case(int64_t batch, int64_t next_n, int64_t context, int64_t h, 
   return {.name = "fp8_paged_mqa_logits",
           .shape = fmt::format("B={} next_n={} ctx={} H={} D={} block_kv=64", batch, next_n,
                                context, h, d),
-          .ceiling = "avx512_bf16",
+          .ceiling = bf16_roof(),
           .residency = Residency::cold,
           .working_set_bytes = static_cast<size_t>(tokens * static_cast<double>(d + 4)),
           .quick = quick,

@@ -92,10 +92,6 @@ model::Config layer_config(const Plan& plan) {
   return preset_layer_config(plan);
 }
 
-std::string bf16_roof() {
-  return backend_supported(Backend::amx) ? "amx_bf16" : "avx512_bf16";
-}
-
 // ---- work of the layer --------------------------------------------------------------------------
 
 struct Work {

@@ -27,10 +27,6 @@ uint64_t fresh_seed() {
   return rng();
 }
 
-std::string bf16_roof() {
-  return backend_supported(Backend::amx) ? "amx_bf16" : "avx512_bf16";
-}
-
 constexpr int64_t kDv = 512;
 
 // ---- sparse prefill ----

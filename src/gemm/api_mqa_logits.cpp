@@ -3,6 +3,7 @@
 // gives later queries more).
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,9 +25,14 @@ using kernels::gemm::MqaScratch;
 
 constexpr const char* kFn = "gemm::fp8_mqa_logits";
 
+std::optional<bool> tiles_override;
+
 const detail::MqaKernels& mqa_kernels() {
-  return backend() == Backend::generic ? detail::mqa_kernels_generic()
-                                       : detail::mqa_kernels_avx512();
+  const Backend b = backend();
+  const bool tiles = tiles_override.value_or(b == Backend::amx);
+  if (b == Backend::generic) return detail::mqa_kernels_generic(tiles);
+  if (b == Backend::amx && tiles) return detail::mqa_kernels_amx();
+  return detail::mqa_kernels_avx512(tiles);
 }
 
 int64_t align_up(int64_t x, int64_t a) {
@@ -205,8 +211,9 @@ Tensor fp8_fp4_mqa_logits(const Fp8Tensor& q, const Fp8Tensor& kv, const Tensor&
   const int parts = get_num_threads();
   const std::vector<int64_t> bounds = balanced_split(ks, ke, sh.s, parts);
   parallel_for(parts, [&](int64_t t0, int64_t t1, int) {
-    std::vector<bf16> qbuf(static_cast<size_t>(kMqaQueries * sh.h * sh.d));
-    std::vector<float> tile(6 * kMqaPanel), logit(kMqaQueries * kMqaPanel);
+    std::vector<bf16> qbuf(
+        static_cast<size_t>(kernels::gemm::mqa_q_rows(kMqaQueries, sh.h) * sh.d));
+    std::vector<float> tile(kernels::gemm::kMqaTileFloats), logit(kMqaQueries * kMqaPanel);
     MqaScratch scratch{qbuf.data(), tile.data(), logit.data()};
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t b = bounds[static_cast<size_t>(t)]; b < bounds[static_cast<size_t>(t) + 1];
@@ -399,9 +406,10 @@ Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tenso
   rows.out_bf16 = logits_dtype == DType::bf16;
   const detail::MqaKernels& k = mqa_kernels();
   parallel_for(parts, [&](int64_t p0, int64_t p1, int) {
-    std::vector<bf16> qbuf(static_cast<size_t>(next_n * heads * d)),
+    std::vector<bf16> qbuf(static_cast<size_t>(kernels::gemm::mqa_q_rows(next_n, heads) * d)),
         kv(static_cast<size_t>(block_kv * d)), panel(static_cast<size_t>(kMqaPanel * d));
-    std::vector<float> tile(6 * kMqaPanel), logit(static_cast<size_t>(next_n * kMqaPanel));
+    std::vector<float> tile(kernels::gemm::kMqaTileFloats),
+        logit(static_cast<size_t>(next_n * kMqaPanel));
     MqaScratch s{qbuf.data(), tile.data(), logit.data()};
     MqaPagedBuffers buf{kv.data(), panel.data()};
     for (int64_t p = p0; p < p1; ++p) {
@@ -429,6 +437,10 @@ Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tenso
                                                  -std::numeric_limits<float>::infinity());
     });
   return storage.slice(1, 0, max_context_len);
+}
+
+void detail::set_mqa_tiles_override(std::optional<bool> tiles) {
+  tiles_override = tiles;
 }
 
 }  // namespace dsk::gemm

@@ -1,11 +1,12 @@
-// The MQA-logits kernels for the generic backend.
+// The MQA-logits kernels for the generic backend (its tile registers emulate AMX).
 #include "gemm/mqa_kernels.hpp"
 
 namespace dsk::gemm::detail {
 
-const MqaKernels& mqa_kernels_generic() {
-  static constexpr MqaKernels kernels = make_mqa_kernels<tile::generic_t>();
-  return kernels;
+const MqaKernels& mqa_kernels_generic(bool tiles) {
+  static constexpr MqaKernels dots = make_mqa_kernels<tile::generic_t, false>();
+  static constexpr MqaKernels emulated = make_mqa_kernels<tile::generic_t, true>();
+  return tiles ? emulated : dots;
 }
 
 }  // namespace dsk::gemm::detail

@@ -14,6 +14,7 @@
 #include <dsk/core/error.hpp>
 #include <dsk/core/threads.hpp>
 
+#include "../src/gemm/mqa_kernels.hpp"
 #include "gemm/gemm_test_util.hpp"
 
 namespace dsk::gemm_test {
@@ -168,6 +169,14 @@ TEST_P(PagedMqaLogits, MatchesReferenceAndDenseKernel) {
     check_paged(make_paged(4, 1, 32, 64, block_kv, 700, false));
   check_paged(make_paged(4, 2, 32, 128, 64, 900, false));
   check_paged(make_paged(5, 2, 12, 32, 64, 300, true));
+}
+
+// The tile-register path (the amx default; emulated on avx512 and generic) likewise.
+TEST_P(PagedMqaLogits, TilePathMatchesReferenceAndDenseKernel) {
+  gemm::detail::set_mqa_tiles_override(true);
+  check_paged(make_paged(4, 2, 32, 128, 64, 900, false));
+  check_paged(make_paged(5, 2, 12, 32, 32, 300, true));
+  gemm::detail::set_mqa_tiles_override(std::nullopt);
 }
 
 TEST(PagedMqaLogitsLarge, ContextsUpTo8192) {

@@ -1,9 +1,10 @@
-// The V3.2 lightning indexer's dense MQA logits on the tile layer's dot tiles:
+// The V3.2 lightning indexer's dense MQA logits on the tile layer:
 //     logits[i, j] = sum_h relu(sf[j] * (q[i, h, :] . kv[j, :])) * w[i, h]
-// The (query, head) rows of a block of queries form the M side of a dot-tile product with a panel
-// of 64 kv rows (bf16 VNNI pairs, widened once per call), K = D; the relu-weighted reduction over
-// heads is the epilogue, so the scores never leave L1. Heads are summed in increasing h, so a
-// logit does not depend on the thread count.
+// The (query, head) rows of a block of queries form the M side of a product with a panel of 64
+// kv rows (bf16 VNNI pairs, widened once per call), K = D: on dot tiles (6 rows x 64), or with
+// kTiles on tile registers (32 x 32 blocks; the amx backend, emulated bit for bit elsewhere). The
+// relu-weighted reduction over heads is the epilogue, so the scores never leave L1. Heads are
+// summed in increasing h, so a logit does not depend on the thread count.
 //
 // Header-only; the AVX-512 instances need the avx512 baseline of dsk/kernels/abi.hpp.
 #pragma once
@@ -11,12 +12,17 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
+#include <dsk/kernels/abi.hpp>
 #include <dsk/kernels/mla/kv_format.hpp>
 #include <dsk/kernels/numeric.hpp>
+#include <dsk/kernels/tile/block.hpp>
 #include <dsk/kernels/tile/convert.hpp>
 #include <dsk/kernels/tile/dot.hpp>
 #include <dsk/kernels/tile/pack.hpp>
+
+DSK_SILENCE_GCC_BUG_105593_BEGIN  // see dsk/kernels/abi.hpp
 
 namespace dsk::kernels::gemm {
 
@@ -49,10 +55,18 @@ struct MqaArgs {
 
 // Per-thread scratch of mqa_logits_block.
 struct MqaScratch {
-  bf16* q;       // kMqaQueries * heads * d
-  float* tile;   // 6 * kMqaPanel
-  float* logit;  // kMqaQueries * kMqaPanel
+  bf16* q;       // mqa_q_rows(queries, heads) * d
+  float* tile;   // kMqaTileFloats
+  float* logit;  // queries * kMqaPanel
 };
+
+// Rows of MqaScratch::q for blocks of `queries` queries: whole 32-row tile blocks (the rows past
+// the queries' are zero).
+constexpr int64_t mqa_q_rows(int64_t queries, int64_t heads) {
+  return (queries * heads + 31) / 32 * 32;
+}
+// Floats of MqaScratch::tile: a 6 x 64 dot tile or a 32 x 32 tile block.
+inline constexpr int64_t kMqaTileFloats = 32 * 32;
 
 // One row of d values widened to bf16: e4m3 codes, or e2m1 pairs whose UE8M0 scales (byte g of
 // sf_word for values [32g, 32g + 32)) are folded in exactly: the API keeps every scale exponent
@@ -113,6 +127,74 @@ inline void rows_into_logits(const MqaArgs& a, int64_t i0, int64_t r0, const bf1
   }
 }
 
+// The relu-weighted contributions of rows [r0, r0 + n) of a 32 x 32 block of scores (s.tile) to
+// the logits of columns [c0, c0 + 32), row by row in increasing order: per element
+// logit += relu(score * sf) * w, rounded after each operation (no FMA), on every ISA. Row r0 + r
+// is head h of query qi, stepped along (a division per row costs more than the row's work).
+template <class T>
+void block_into_logits(const MqaArgs& a, int64_t i0, int64_t r0, int64_t n, int64_t c0,
+                       const float* sf, MqaScratch& s) {
+  int64_t qi = r0 / a.heads, h = r0 % a.heads;
+  const auto next_row = [&] {
+    if (++h == a.heads) {
+      h = 0;
+      ++qi;
+    }
+  };
+  if constexpr (!std::same_as<tile::vector_isa_t<T>, tile::generic_t>) {
+#if DSK_TILE_HAS_AVX512
+    // The query's two logit vectors stay in registers over its run of rows. max(v, 0) is the
+    // select v > 0 ? v : 0 (NaN and -0 give +0).
+    const __m512 sf0 = _mm512_loadu_ps(sf + c0), sf1 = _mm512_loadu_ps(sf + c0 + 16);
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t r = 0; r < n;) {
+      float* logit = s.logit + qi * kMqaPanel + c0;
+      __m512 acc0 = _mm512_loadu_ps(logit), acc1 = _mm512_loadu_ps(logit + 16);
+      const int64_t query = qi;
+      for (; r < n && qi == query; ++r, next_row()) {
+        const __m512 w = _mm512_set1_ps(a.w[(i0 + qi) * a.w_stride + h]);
+        const float* score = s.tile + r * 32;
+        const __m512 v0 = _mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(score), sf0), zero);
+        const __m512 v1 = _mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(score + 16), sf1), zero);
+        acc0 = _mm512_add_ps(acc0, _mm512_mul_ps(v0, w));
+        acc1 = _mm512_add_ps(acc1, _mm512_mul_ps(v1, w));
+      }
+      _mm512_storeu_ps(logit, acc0);
+      _mm512_storeu_ps(logit + 16, acc1);
+    }
+    return;
+#endif
+  }
+  for (int64_t r = 0; r < n; ++r, next_row()) {
+    const float w = a.w[(i0 + qi) * a.w_stride + h];
+    const float* score = s.tile + r * 32;
+    float* logit = s.logit + qi * kMqaPanel + c0;
+    for (int64_t c = 0; c < 32; ++c) {
+      const float v = score[c] * sf[c0 + c];
+      logit[c] += (v > 0.0f ? v : 0.0f) * w;
+    }
+  }
+}
+
+// The same on tile registers: blocks of 32 rows (16 at the end) x 32 columns, each block's
+// contribution added row by row in increasing row order, as rows_into_logits adds its rows.
+template <class T>
+void tile_rows_into_logits(typename tile::BlockRegs<T>::Unit& u, const MqaArgs& a, int64_t i0,
+                           int64_t rows, const bf16* panel, const float* sf, MqaScratch& s) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 32) {
+    const int64_t n = std::min<int64_t>(32, rows - r0);
+    for (int64_t c0 = 0; c0 < kMqaPanel; c0 += 32) {
+      if (n > 16)
+        tile::mma_block<T, 32, 32>(u, s.q + r0 * a.d, a.d, panel + 2 * c0, 2 * kMqaPanel, a.d,
+                                   s.tile, 32, false);
+      else
+        tile::mma_block<T, 16, 32>(u, s.q + r0 * a.d, a.d, panel + 2 * c0, 2 * kMqaPanel, a.d,
+                                   s.tile, 32, false);
+      block_into_logits<T>(a, i0, r0, n, c0, sf, s);
+    }
+  }
+}
+
 inline void store_logit(const MqaArgs& a, int64_t i, int64_t col, float v) {
   if (a.out_bf16)
     static_cast<bf16*>(a.out)[i * a.out_stride + col] = tile::convert_scalar<bf16>(v);
@@ -122,7 +204,8 @@ inline void store_logit(const MqaArgs& a, int64_t i, int64_t col, float v) {
 
 }  // namespace mqa_detail
 
-// The (query, head) rows of queries [i0, i0 + nq) widened to bf16 into s.q.
+// The (query, head) rows of queries [i0, i0 + nq) widened to bf16 into s.q, zero rows up to the
+// next 32.
 template <class I>
 void widen_queries(const MqaArgs& a, int64_t i0, int64_t nq, MqaScratch& s) {
   for (int64_t qi = 0; qi < nq; ++qi)
@@ -130,23 +213,33 @@ void widen_queries(const MqaArgs& a, int64_t i0, int64_t nq, MqaScratch& s) {
       widen_row<I>(a.q + (i0 + qi) * a.q_stride_s + h * a.q_stride_h, a.fp4,
                    a.fp4 ? a.q_sf[(i0 + qi) * a.q_sf_stride + h] : 0, a.d,
                    s.q + (qi * a.heads + h) * a.d);
+  std::fill(s.q + nq * a.heads * a.d, s.q + mqa_q_rows(nq, a.heads) * a.d, bf16{});
 }
 
 // s.logit[qi][c] = sum_h relu(sf[c] * q(i0 + qi, h) . panel column c) * w(i0 + qi, h) for the nq
 // queries whose rows are in s.q and the 64 columns of one panel.
-template <class I>
+// The tile unit of the products when kTiles (configured once per block of queries, not per
+// panel), else nothing.
+template <class I, bool kTiles>
+using MqaUnit = std::conditional_t<kTiles, typename tile::BlockRegs<I>::Unit, char>;
+
+template <class I, bool kTiles>
 void panel_logits(const MqaArgs& a, int64_t i0, int64_t nq, const bf16* panel, const float* sf,
-                  MqaScratch& s) {
+                  MqaScratch& s, [[maybe_unused]] MqaUnit<I, kTiles>& unit) {
   const int64_t rows = nq * a.heads;
   std::fill(s.logit, s.logit + nq * kMqaPanel, 0.0f);
-  int64_t r0 = 0;
-  for (; r0 + 6 <= rows; r0 += 6) mqa_detail::rows_into_logits<I, 6>(a, i0, r0, panel, sf, s);
-  if (rows - r0 == 4) mqa_detail::rows_into_logits<I, 4>(a, i0, r0, panel, sf, s);
-  if (rows - r0 == 2) mqa_detail::rows_into_logits<I, 2>(a, i0, r0, panel, sf, s);
+  if constexpr (kTiles) {
+    mqa_detail::tile_rows_into_logits<I>(unit, a, i0, rows, panel, sf, s);
+  } else {
+    int64_t r0 = 0;
+    for (; r0 + 6 <= rows; r0 += 6) mqa_detail::rows_into_logits<I, 6>(a, i0, r0, panel, sf, s);
+    if (rows - r0 == 4) mqa_detail::rows_into_logits<I, 4>(a, i0, r0, panel, sf, s);
+    if (rows - r0 == 2) mqa_detail::rows_into_logits<I, 2>(a, i0, r0, panel, sf, s);
+  }
 }
 
 // Logits of queries [i0, i0 + nq) (nq <= kMqaQueries): every kv row in [ks[i], ke[i]).
-template <class I>
+template <class I, bool kTiles>
 void mqa_logits_block(const MqaArgs& a, int64_t i0, int64_t nq, MqaScratch& s) {
   int64_t lo = a.skv, hi = 0;
   for (int64_t qi = 0; qi < nq; ++qi) {
@@ -155,9 +248,11 @@ void mqa_logits_block(const MqaArgs& a, int64_t i0, int64_t nq, MqaScratch& s) {
     hi = std::max<int64_t>(hi, a.ke[i0 + qi]);
   }
   if (lo >= hi) return;
-  widen_queries<I>(a, i0, nq, s);
+  widen_queries<tile::vector_isa_t<I>>(a, i0, nq, s);
+  MqaUnit<I, kTiles> unit;
   for (int64_t p = lo / kMqaPanel; p * kMqaPanel < hi; ++p) {
-    panel_logits<I>(a, i0, nq, a.kv_panels + p * a.d * kMqaPanel, a.kv_sf + p * kMqaPanel, s);
+    panel_logits<I, kTiles>(a, i0, nq, a.kv_panels + p * a.d * kMqaPanel, a.kv_sf + p * kMqaPanel,
+                            s, unit);
     for (int64_t qi = 0; qi < nq; ++qi) {
       const int64_t i = i0 + qi;
       const int64_t j0 = std::max<int64_t>(a.ks[i], p * kMqaPanel);
@@ -204,22 +299,24 @@ inline int64_t paged_item_len(const MqaPagedArgs& a, int64_t b) {
 }
 
 // The logits of batch item b (its query rows already in s.q) against its cache block blk.
-template <class I>
+template <class I, bool kTiles>
 void mqa_paged_block(const MqaPagedArgs& pa, const MqaArgs& a, int64_t b, int64_t blk,
                      MqaScratch& s, MqaPagedBuffers& buf) {
+  using V = tile::vector_isa_t<I>;
   const uint8_t* block = pa.kv_cache + pa.block_table[b * pa.bt_stride + blk] * pa.block_bytes;
-  tile::convert_n<I>(reinterpret_cast<const e4m3*>(block + mla::indexer_codes_offset(0, a.d)),
+  MqaUnit<I, kTiles> unit;
+  tile::convert_n<V>(reinterpret_cast<const e4m3*>(block + mla::indexer_codes_offset(0, a.d)),
                      buf.kv, static_cast<size_t>(pa.block_kv * a.d));
   for (int64_t c0 = 0; c0 < pa.block_kv; c0 += kMqaPanel) {
     const int64_t n = std::min(kMqaPanel, pa.block_kv - c0);
-    tile::pack_b_vnni_nt<I>(buf.kv + c0 * a.d, a.d, static_cast<int>(a.d), static_cast<int>(n),
+    tile::pack_b_vnni_nt<V>(buf.kv + c0 * a.d, a.d, static_cast<int>(a.d), static_cast<int>(n),
                             buf.panel, 2 * kMqaPanel, static_cast<int>(a.d),
                             static_cast<int>(kMqaPanel));
     float sf[kMqaPanel] = {};  // the scales may sit at any 4-byte offset
     std::memcpy(sf, block + mla::indexer_scale_offset(c0, pa.block_kv, a.d),
                 static_cast<size_t>(n) * sizeof(float));
     const int64_t i0 = b * pa.next_n, t0 = blk * pa.block_kv + c0;
-    panel_logits<I>(a, i0, pa.next_n, buf.panel, sf, s);
+    panel_logits<I, kTiles>(a, i0, pa.next_n, buf.panel, sf, s, unit);
     for (int64_t j = 0; j < pa.next_n; ++j) {
       const int64_t end = std::min(paged_valid_len(pa, b, j), t0 + n);
       for (int64_t t = t0; t < end; ++t)
@@ -230,3 +327,5 @@ void mqa_paged_block(const MqaPagedArgs& pa, const MqaArgs& a, int64_t b, int64_
 
 }  // namespace DSK_TILE_ABI
 }  // namespace dsk::kernels::gemm
+
+DSK_SILENCE_GCC_BUG_105593_END

@@ -1,0 +1,70 @@
+// The MQA-logits kernels' tile-register path ((query, head) x kv products as bf16 tile blocks),
+// which the amx backend runs. On the avx512 and generic backends the same code runs on tile units
+// that emulate AMX bit for bit: those runs check it against the references on any CPU, and where
+// AMX exists the emulation must give exactly the bits of the real tiles.
+#include <gtest/gtest.h>
+
+#include <dsk/core/threads.hpp>
+
+#include "../src/gemm/mqa_kernels.hpp"
+#include "gemm/mqa_test_util.hpp"
+
+namespace dsk::gemm_test {
+namespace {
+
+// Runs the API on the tile-register path for the scope (the default again afterwards).
+class ScopedMqaTiles {
+ public:
+  ScopedMqaTiles() { gemm::detail::set_mqa_tiles_override(true); }
+  ~ScopedMqaTiles() { gemm::detail::set_mqa_tiles_override(std::nullopt); }
+  ScopedMqaTiles(const ScopedMqaTiles&) = delete;
+  ScopedMqaTiles& operator=(const ScopedMqaTiles&) = delete;
+};
+
+class MqaTilePath : public dsk::test::PerBackend {};
+
+TEST_P(MqaTilePath, MatchesTheReferences) {
+  ScopedMqaTiles tiles;
+  // Rows per block of 3 queries: 96 and 192 (whole 32-row blocks), 12 and 36 (a 16-row block or
+  // a partial 32-row one); D 32, 64, 128; causal and random ranges, a short last block.
+  check_against_references(64, 1024, 32, 128, true);
+  check_against_references(64, 700, 64, 64, false);
+  check_against_references(29, 333, 4, 32, true);
+  check_against_references(7, 200, 12, 64, false);
+}
+
+DSK_INSTANTIATE_PER_BACKEND(MqaTilePath);
+
+TEST(MqaTilePathOnAmx, EmulationGivesTheBitsOfRealTiles) {
+  DSK_SKIP_UNLESS_BACKEND(Backend::amx);
+  SCOPED_TRACE(seed_note());
+  ScopedMqaTiles tiles;
+  for (int64_t h : {8, 12, 64}) {
+    const MqaProblem p = make_problem(20, 300, h, 64, true);
+    const auto run = [&](Backend b) {
+      dsk::test::ScopedBackend scoped(b);
+      return gemm::fp8_mqa_logits(p.q, p.kv, p.weights, p.ks, p.ke);
+    };
+    const Tensor real = run(Backend::amx);
+    EXPECT_TRUE(bitwise_equal(run(Backend::avx512), real)) << "avx512, H=" << h;
+    EXPECT_TRUE(bitwise_equal(run(Backend::generic), real)) << "generic, H=" << h;
+  }
+}
+
+TEST(MqaTilePathOnAmx, RepeatsAcrossRunsAndThreads) {
+  DSK_SKIP_UNLESS_BACKEND(Backend::amx);
+  SCOPED_TRACE(seed_note());
+  dsk::test::ScopedBackend amx(Backend::amx);
+  const MqaProblem p = make_problem(30, 600, 8, 128, true);
+  const Tensor first = gemm::fp8_mqa_logits(p.q, p.kv, p.weights, p.ks, p.ke);
+  const int threads = get_num_threads();
+  for (int run = 0; run < 6; ++run) {
+    set_num_threads(run % 2 == 0 ? 1 : std::max(2, threads));
+    ASSERT_TRUE(bitwise_equal(gemm::fp8_mqa_logits(p.q, p.kv, p.weights, p.ks, p.ke), first))
+        << "run " << run;
+  }
+  set_num_threads(threads);
+}
+
+}  // namespace
+}  // namespace dsk::gemm_test
