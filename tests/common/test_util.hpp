@@ -31,6 +31,20 @@ class ScopedBackend {
   Backend saved_;
 };
 
+// Calls set(value) for a scope and set(nullopt) at its end: the internal switches that pick a
+// kernel form for tests (mla::detail::set_products_override, gemm::detail::set_mqa_tiles_override).
+template <class T>
+class ScopedOverride {
+ public:
+  ScopedOverride(void (*set)(std::optional<T>), T value) : set_(set) { set_(value); }
+  ~ScopedOverride() { set_(std::nullopt); }
+  ScopedOverride(const ScopedOverride&) = delete;
+  ScopedOverride& operator=(const ScopedOverride&) = delete;
+
+ private:
+  void (*set_)(std::optional<T>);
+};
+
 // A parameterised test that runs once per backend this CPU supports, with the process backend
 // set to the parameter for the test's duration:
 //   class MySuite : public dsk::test::PerBackend {};

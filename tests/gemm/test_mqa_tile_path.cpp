@@ -4,8 +4,6 @@
 // AMX exists the emulation must give exactly the bits of the real tiles.
 #include <gtest/gtest.h>
 
-#include <dsk/core/threads.hpp>
-
 #include "../src/gemm/mqa_kernels.hpp"
 #include "gemm/mqa_test_util.hpp"
 
@@ -13,12 +11,8 @@ namespace dsk::gemm_test {
 namespace {
 
 // Runs the API on the tile-register path for the scope (the default again afterwards).
-class ScopedMqaTiles {
- public:
-  ScopedMqaTiles() { gemm::detail::set_mqa_tiles_override(true); }
-  ~ScopedMqaTiles() { gemm::detail::set_mqa_tiles_override(std::nullopt); }
-  ScopedMqaTiles(const ScopedMqaTiles&) = delete;
-  ScopedMqaTiles& operator=(const ScopedMqaTiles&) = delete;
+struct ScopedMqaTiles : dsk::test::ScopedOverride<bool> {
+  ScopedMqaTiles() : ScopedOverride(gemm::detail::set_mqa_tiles_override, true) {}
 };
 
 class MqaTilePath : public dsk::test::PerBackend {};
@@ -49,21 +43,6 @@ TEST(MqaTilePathOnAmx, EmulationGivesTheBitsOfRealTiles) {
     EXPECT_TRUE(bitwise_equal(run(Backend::avx512), real)) << "avx512, H=" << h;
     EXPECT_TRUE(bitwise_equal(run(Backend::generic), real)) << "generic, H=" << h;
   }
-}
-
-TEST(MqaTilePathOnAmx, RepeatsAcrossRunsAndThreads) {
-  DSK_SKIP_UNLESS_BACKEND(Backend::amx);
-  SCOPED_TRACE(seed_note());
-  dsk::test::ScopedBackend amx(Backend::amx);
-  const MqaProblem p = make_problem(30, 600, 8, 128, true);
-  const Tensor first = gemm::fp8_mqa_logits(p.q, p.kv, p.weights, p.ks, p.ke);
-  const int threads = get_num_threads();
-  for (int run = 0; run < 6; ++run) {
-    set_num_threads(run % 2 == 0 ? 1 : std::max(2, threads));
-    ASSERT_TRUE(bitwise_equal(gemm::fp8_mqa_logits(p.q, p.kv, p.weights, p.ks, p.ke), first))
-        << "run " << run;
-  }
-  set_num_threads(threads);
 }
 
 }  // namespace

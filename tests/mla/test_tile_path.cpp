@@ -11,12 +11,8 @@ namespace {
 using mla::detail::Products;
 
 // Runs the API on the tile-register path for the scope (the default again afterwards).
-class ScopedTilePath {
- public:
-  ScopedTilePath() { mla::detail::set_products_override(Products::tile_registers); }
-  ~ScopedTilePath() { mla::detail::set_products_override(std::nullopt); }
-  ScopedTilePath(const ScopedTilePath&) = delete;
-  ScopedTilePath& operator=(const ScopedTilePath&) = delete;
+struct ScopedTilePath : dsk::test::ScopedOverride<Products> {
+  ScopedTilePath() : ScopedOverride(mla::detail::set_products_override, Products::tile_registers) {}
 };
 
 class TilePath : public dsk::test::PerBackend {};
@@ -105,9 +101,9 @@ TEST(TilePathOnAmx, IsTheDefaultOfTheAmxBackendOnly) {
     ScopedTilePath tiles;
     expect_same_bits(run_sparse_fwd(p), by_default);
   }
-  mla::detail::set_products_override(Products::dot_tiles);
+  const dsk::test::ScopedOverride<Products> dots(mla::detail::set_products_override,
+                                                 Products::dot_tiles);
   check_sparse_fwd(p, false);
-  mla::detail::set_products_override(std::nullopt);
 }
 
 TEST(AttentionScratch, BuffersStartOnCacheLinesAndFitTheirAllocation) {
