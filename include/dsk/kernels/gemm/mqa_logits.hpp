@@ -115,8 +115,12 @@ inline void rows_into_logits(const MqaArgs& a, int64_t i0, int64_t r0, const bf1
   tile::dot_zero(t);
   tile::dot_steps(t, s.q + r0 * a.d, a.d, panel, 2 * kMqaPanel, a.d / 2);
   tile::dot_store(t, s.tile, kMqaPanel);
-  for (int r = 0; r < Rows; ++r) {
-    const int64_t row = r0 + r, qi = row / a.heads, h = row % a.heads;
+  int64_t qi = r0 / a.heads, h = r0 % a.heads;  // of row r0 + r, stepped along
+  for (int r = 0; r < Rows; ++r, ++h) {
+    if (h == a.heads) {
+      h = 0;
+      ++qi;
+    }
     const float w = a.w[(i0 + qi) * a.w_stride + h];
     const float* score = s.tile + r * kMqaPanel;
     float* logit = s.logit + qi * kMqaPanel;
