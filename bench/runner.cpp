@@ -196,7 +196,10 @@ void record_ceiling(Ceilings& c, const BenchRow& row) {
     return;
   }
   const std::optional<double> rate = roof_term(row.measures).bandwidth ? row.gbs : row.tflops;
-  if (rate) (row.per_core ? c.per_core : c.total)[row.measures] = *rate;
+  if (!rate) return;
+  // Over several passes the best one: what the machine can do when its neighbours let it.
+  double& best = (row.per_core ? c.per_core : c.total)[row.measures];
+  best = std::max(best, *rate);
 }
 
 void add_fraction(BenchRow& row, const Ceilings& c) {
@@ -239,7 +242,10 @@ BenchReport run_bench(const std::vector<std::string>& modules, const RunOptions&
   if (options.ceilings) report.ceilings = *options.ceilings;
   report.ceilings.threads = get_num_threads();
   const CaseContext ctx{.quick = options.quick, .copies = 1, .threads = get_num_threads()};
-  Progress progress(plan.size(), options.progress);
+  const auto ceiling_cases = std::count_if(
+      plan.begin(), plan.end(), [](const auto& p) { return p.first->module == "ceilings"; });
+  Progress progress(plan.size() + (need_reference ? static_cast<size_t>(ceiling_cases) : 0),
+                    options.progress);
   for (const auto& [c, is_reported] : plan) {
     progress.step(c->module + "/" + c->name + " " + c->shape);
     BenchRow row = run_bench_case(*c, ctx);
@@ -252,6 +258,17 @@ BenchReport run_bench(const std::vector<std::string>& modules, const RunOptions&
     record_ceiling(report.ceilings, row);
     if (is_reported) report.rows.push_back(std::move(row));
   }
+  // When the ceilings are the reference of other cases, they run once more after them and each
+  // keeps its better pass: on a shared machine one pass can land in a busy moment and inflate
+  // every ratio of the run.
+  if (need_reference)
+    for (const auto& [c, is_reported] : plan)
+      if (c->module == "ceilings") {
+        progress.step(c->module + "/" + c->name + " " + c->shape + " (second pass)");
+        BenchRow row = run_bench_case(*c, ctx);
+        add_rates(row);
+        record_ceiling(report.ceilings, row);
+      }
   progress.clear();
 
   Ceilings& ceil = report.ceilings;
