@@ -25,14 +25,15 @@ using kernels::gemm::MqaScratch;
 
 constexpr const char* kFn = "gemm::fp8_mqa_logits";
 
-std::optional<bool> tiles_override;
+std::optional<detail::Products> products_override;
 
 const detail::MqaKernels& mqa_kernels() {
+  using detail::Products;
   const Backend b = backend();
-  const bool tiles = tiles_override.value_or(b == Backend::amx);
-  if (b == Backend::generic) return detail::mqa_kernels_generic(tiles);
-  if (b == Backend::amx && tiles) return detail::mqa_kernels_amx();
-  return detail::mqa_kernels_avx512(tiles);
+  const Products products = dsk::detail::products_for(b, products_override);
+  if (b == Backend::generic) return detail::mqa_kernels_generic(products);
+  if (b == Backend::amx && products == Products::tile_registers) return detail::mqa_kernels_amx();
+  return detail::mqa_kernels_avx512(products);
 }
 
 int64_t align_up(int64_t x, int64_t a) {
@@ -439,8 +440,8 @@ Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tenso
   return storage.slice(1, 0, max_context_len);
 }
 
-void detail::set_mqa_tiles_override(std::optional<bool> tiles) {
-  tiles_override = tiles;
+void detail::set_mqa_products_override(std::optional<Products> products) {
+  products_override = products;
 }
 
 }  // namespace dsk::gemm

@@ -6,6 +6,8 @@
 
 #include <dsk/kernels/gemm/mqa_logits.hpp>
 
+#include "../core/products.hpp"
+
 namespace dsk::gemm::detail {
 
 struct MqaKernels {
@@ -27,13 +29,15 @@ constexpr MqaKernels make_mqa_kernels() {
           &kernels::gemm::widen_queries<V>, &kernels::gemm::mqa_paged_block<I, kTiles>};
 }
 
-const MqaKernels& mqa_kernels_generic(bool tiles);
-const MqaKernels& mqa_kernels_avx512(bool tiles);
+using dsk::detail::Products;
+
+const MqaKernels& mqa_kernels_generic(Products products);
+const MqaKernels& mqa_kernels_avx512(Products products);
 const MqaKernels& mqa_kernels_amx();  // tile registers
 
-// Whether the API runs the products on tile registers: by default on the amx backend only. Tests
-// override it (true on avx512 or generic emulates AMX; false on amx runs the avx512 dot tiles);
-// nullopt restores the default. Not thread-safe: set it between calls.
-void set_mqa_tiles_override(std::optional<bool> tiles);
+// Overrides the API layer's choice (core/products.hpp) for tests and A/B timing: tile registers
+// on avx512 or generic emulate AMX; dot tiles on amx run the avx512 kernels. nullopt restores the
+// default. Not thread-safe: set it between calls.
+void set_mqa_products_override(std::optional<Products> products);
 
 }  // namespace dsk::gemm::detail

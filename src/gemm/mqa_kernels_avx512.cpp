@@ -4,10 +4,10 @@
 
 namespace dsk::gemm::detail {
 
-const MqaKernels& mqa_kernels_avx512(bool tiles) {
+const MqaKernels& mqa_kernels_avx512(Products products) {
   static constexpr MqaKernels dots = make_mqa_kernels<tile::avx512_t, false>();
   static constexpr MqaKernels emulated = make_mqa_kernels<tile::avx512_t, true>();
-  return tiles ? emulated : dots;
+  return products == Products::tile_registers ? emulated : dots;
 }
 
 }  // namespace dsk::gemm::detail

@@ -3,10 +3,10 @@
 
 namespace dsk::gemm::detail {
 
-const MqaKernels& mqa_kernels_generic(bool tiles) {
+const MqaKernels& mqa_kernels_generic(Products products) {
   static constexpr MqaKernels dots = make_mqa_kernels<tile::generic_t, false>();
   static constexpr MqaKernels emulated = make_mqa_kernels<tile::generic_t, true>();
-  return tiles ? emulated : dots;
+  return products == Products::tile_registers ? emulated : dots;
 }
 
 }  // namespace dsk::gemm::detail

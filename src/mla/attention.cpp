@@ -53,8 +53,7 @@ namespace {
 const KernelTable& kernel_table() {
   using detail::Products;
   const Backend b = backend();
-  const Products products = products_override.value_or(b == Backend::amx ? Products::tile_registers
-                                                                         : Products::dot_tiles);
+  const Products products = dsk::detail::products_for(b, products_override);
   if (b == Backend::generic) return detail::kernel_table_generic(products);
   if (b == Backend::amx && products == Products::tile_registers) return detail::kernel_table_amx();
   return detail::kernel_table_avx512(products);

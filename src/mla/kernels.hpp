@@ -7,6 +7,8 @@
 
 #include <dsk/kernels/mla/attention.hpp>
 
+#include "../core/products.hpp"
+
 namespace dsk::mla::detail {
 
 namespace k = kernels::mla;
@@ -37,16 +39,15 @@ constexpr KernelTable make_kernel_table() {
                      .finalize = &k::finalize<V>};
 }
 
-enum class Products { dot_tiles, tile_registers };
+using dsk::detail::Products;
 
 const KernelTable& kernel_table_generic(Products);  // kernels_generic.cpp
 const KernelTable& kernel_table_avx512(Products);   // kernels_avx512.cpp
 const KernelTable& kernel_table_amx();              // kernels_amx.cpp (tile registers)
 
-// Which products the API layer runs: by default tile registers on the amx backend and dot tiles
-// elsewhere. Tests and benchmarks override it (tile registers on avx512 or generic emulate AMX;
-// dot tiles on amx run the avx512 kernels); nullopt restores the default. Not thread-safe: set it
-// between calls.
+// Overrides the API layer's choice (core/products.hpp) for tests and A/B timing: tile registers
+// on avx512 or generic emulate AMX; dot tiles on amx run the avx512 kernels. nullopt restores the
+// default. Not thread-safe: set it between calls.
 void set_products_override(std::optional<Products> products);
 
 }  // namespace dsk::mla::detail

@@ -32,7 +32,8 @@ class ScopedBackend {
 };
 
 // Calls set(value) for a scope and set(nullopt) at its end: the internal switches that pick a
-// kernel form for tests (mla::detail::set_products_override, gemm::detail::set_mqa_tiles_override).
+// kernel form for tests (mla::detail::set_products_override,
+// gemm::detail::set_mqa_products_override).
 template <class T>
 class ScopedOverride {
  public:

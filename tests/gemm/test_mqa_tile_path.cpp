@@ -11,8 +11,10 @@ namespace dsk::gemm_test {
 namespace {
 
 // Runs the API on the tile-register path for the scope (the default again afterwards).
-struct ScopedMqaTiles : dsk::test::ScopedOverride<bool> {
-  ScopedMqaTiles() : ScopedOverride(gemm::detail::set_mqa_tiles_override, true) {}
+struct ScopedMqaTiles : dsk::test::ScopedOverride<gemm::detail::Products> {
+  ScopedMqaTiles()
+      : ScopedOverride(gemm::detail::set_mqa_products_override,
+                       gemm::detail::Products::tile_registers) {}
 };
 
 class MqaTilePath : public dsk::test::PerBackend {};

@@ -173,7 +173,8 @@ TEST_P(PagedMqaLogits, MatchesReferenceAndDenseKernel) {
 
 // The tile-register path (the amx default; emulated on avx512 and generic) likewise.
 TEST_P(PagedMqaLogits, TilePathMatchesReferenceAndDenseKernel) {
-  const dsk::test::ScopedOverride<bool> tiles(gemm::detail::set_mqa_tiles_override, true);
+  const dsk::test::ScopedOverride<gemm::detail::Products> tiles(
+      gemm::detail::set_mqa_products_override, gemm::detail::Products::tile_registers);
   check_paged(make_paged(4, 2, 32, 128, 64, 900, false));
   check_paged(make_paged(5, 2, 12, 32, 32, 300, true));
 }

@@ -46,8 +46,6 @@ TEST_P(TilePath, DenseDecodeMatchesTheReference) {
   }
 }
 
-DSK_INSTANTIATE_PER_BACKEND(TilePath);
-
 // Both results of every kind, bit for bit.
 void expect_same_bits(const mla::SparseFwdResult& a, const mla::SparseFwdResult& b) {
   EXPECT_TRUE(bitwise_equal(a.out, b.out)) << "out";
@@ -90,20 +88,21 @@ TEST(TilePathOnAmx, EmulationGivesTheBitsOfRealTiles) {
   });
 }
 
-TEST(TilePathOnAmx, IsTheDefaultOfTheAmxBackendOnly) {
-  // On amx the default and the explicit tile path agree bit for bit; the dot-tile override runs
-  // the avx512 kernels (whose rounding differs) and still matches the reference.
-  DSK_SKIP_UNLESS_BACKEND(Backend::amx);
-  dsk::test::ScopedBackend amx(Backend::amx);
+// The default form is the tile registers on amx and the dot tiles elsewhere: the default run has
+// the bits of the explicit run of that form, and not those of the other form (the two round
+// differently, so the check can tell them apart).
+TEST_P(TilePath, DefaultIsTileRegistersOnAmxOnly) {
   const SparseFwdProblem p = make_sparse_fwd(2, 400, 32, 576, 200);
   const mla::SparseFwdResult by_default = run_sparse_fwd(p);
-  {
-    ScopedTilePath tiles;
-    expect_same_bits(run_sparse_fwd(p), by_default);
-  }
-  const dsk::test::ScopedOverride<Products> dots(mla::detail::set_products_override,
-                                                 Products::dot_tiles);
-  check_sparse_fwd(p, false);
+  const auto run_with = [&](Products products) {
+    const dsk::test::ScopedOverride<Products> form(mla::detail::set_products_override, products);
+    return run_sparse_fwd(p);
+  };
+  const mla::SparseFwdResult tiles = run_with(Products::tile_registers);
+  const mla::SparseFwdResult dots = run_with(Products::dot_tiles);
+  const bool amx = GetParam() == Backend::amx;
+  expect_same_bits(by_default, amx ? tiles : dots);
+  EXPECT_FALSE(bitwise_equal(tiles.out, dots.out)) << "the forms should round differently";
 }
 
 TEST(AttentionScratch, BuffersStartOnCacheLinesAndFitTheirAllocation) {
@@ -140,6 +139,8 @@ TEST(AttentionScratch, BuffersStartOnCacheLinesAndFitTheirAllocation) {
     }
   }
 }
+
+DSK_INSTANTIATE_PER_BACKEND(TilePath);
 
 }  // namespace
 }  // namespace dsk::mla_test

@@ -175,6 +175,14 @@ inline void prefetch_l2(const void* p, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 2);
 }
 
+// Keys [kc, min(kc + chunk, k1)) of an item's list into L2: the next chunk's keys, fetched while
+// the current one is computed.
+template <class Source>
+void prefetch_keys(const Problem& p, const Source& src, int64_t kc, int64_t chunk, int64_t k1) {
+  for (int64_t k = kc; k < std::min(kc + chunk, k1); ++k)
+    prefetch_l2(src.address(k), src.bytes(2 * p.d_qk));
+}
+
 // Sparse prefill: rows of a bf16 kv [s_kv, d_qk] (row stride `stride`), by compacted index.
 struct GatherSource {
   const bf16* kv;
@@ -568,10 +576,7 @@ void reset_state(const Problem& p, State& st) {
 template <class I, class Source>
 void attend(const Problem& p, const Source& src, int64_t k0, int64_t k1, Scratch& s, State& st) {
   const bf16* key_rows[kChunk];
-  const auto prefetch_chunk = [&](int64_t kc) {
-    for (int64_t k = kc; k < std::min(kc + kChunk, k1); ++k)
-      prefetch_l2(src.address(k), src.bytes(2 * p.d_qk));
-  };
+  const auto prefetch_chunk = [&](int64_t kc) { prefetch_keys(p, src, kc, kChunk, k1); };
   prefetch_chunk(k0);
   for (int64_t kc = k0; kc < k1; kc += kChunk) {
     const int64_t n = std::min(kChunk, k1 - kc);
@@ -594,10 +599,7 @@ void attend_tiles(const Problem& p, const Source& src, int64_t k0, int64_t k1, S
                   State& st) {
   using V = tile::vector_isa_t<T>;
   attention_detail::TileUnitOf<T> unit;
-  const auto prefetch_chunk = [&](int64_t kc) {
-    for (int64_t k = kc; k < std::min(kc + kTileChunk, k1); ++k)
-      prefetch_l2(src.address(k), src.bytes(2 * p.d_qk));
-  };
+  const auto prefetch_chunk = [&](int64_t kc) { prefetch_keys(p, src, kc, kTileChunk, k1); };
   prefetch_chunk(k0);
   for (int64_t kc = k0; kc < k1; kc += kTileChunk) {
     const int64_t n = std::min(kTileChunk, k1 - kc), width = round_up(n, 32);
