@@ -24,7 +24,10 @@ TEST_P(MqaLogits, MatchesReferencesOnTheScaledGrid) {
   check_against_references(64, 1024, 64, 128, false);
   check_against_references(64, 1024, 32, 64, true, true);
   check_against_references(29, 333, 4, 64, true);  // S not a multiple of 3, Skv of 64
-  check_against_references(7, 200, 12, 32, false);
+  // Random ranges need enough queries for the BF16 bound: at S = 7 the FP8 rounding of the inputs
+  // alone gave calc_diff >= 1e-3 in 2-3% of fresh draws (p99 1.04e-3 over 300); at S = 31 the
+  // largest of 300 was 8.3e-4.
+  check_against_references(31, 200, 12, 32, false);
 }
 
 // x bf16 [rows, d] -> FP4 e2m1 pairs with UE8M0 scales of 32 values, as upstream's FP4 logits
