@@ -24,6 +24,7 @@
 #include <dsk/core/error.hpp>
 
 #include "ep/internal.hpp"
+#include "ep/reduce.hpp"
 #include "ep/routing.hpp"
 
 namespace dsk::ep {
@@ -31,17 +32,6 @@ namespace detail {
 namespace {
 
 constexpr const char* kFn = "ep::Buffer::combine";
-
-float widen(uint16_t bits) {
-  const uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-void add_row(float* acc, const uint16_t* row, int64_t H) {
-  for (int64_t h = 0; h < H; ++h) acc[h] += widen(row[h]);
-}
 
 struct Checked {
   int64_t H = 0, T = 0;
@@ -111,15 +101,18 @@ int reduction_order(const Plan& plan, int64_t t, int* ranks) {
   return n;
 }
 
-// One combine: the sender packs (and, in expand mode, reduces) its rows; the owner stages the
-// records per source rank in stream order and reduces them in finish().
+// One combine: the sender packs (and, in expand mode, reduces) its rows. On channels that hold
+// records (shared memory) the owner reduces each token as soon as all its records arrived,
+// reading them where they landed, and releases them once every token that reads them is done;
+// the senders stream in token order, so the tokens complete in order. Elsewhere the owner stages
+// the records per source rank in stream order and reduces them in finish().
 struct CombineOp final : Operation {
   Checked c;
   std::shared_ptr<const Plan> plan;
   std::vector<Tensor> keep;  // the inputs the callbacks read, alive until the exchange ends
   size_t row_bytes = 0, w_bytes = 0;
   bool single = false;  // one record per slot, one reduction at the owner
-  std::vector<float> pack_acc;
+  SumRowsFn sum = sum_rows();
   // Single reduction. Sender: per owner, the expanded rows in stream order. Owner: [T*K] each
   // slot's record index in its expert rank's stream, or -1.
   std::vector<std::vector<int32_t>> slot_rows;
@@ -127,10 +120,21 @@ struct CombineOp final : Operation {
   std::vector<int64_t> stage_offset;
   Tensor stage;  // u8 [records * record_bytes], pooled
   Tensor combined_x, combined_w;
+  // Hold mode: per expert rank, where each record is readable, how many arrived, the token each
+  // record belongs to (stream order), and how many of them no unreduced token reads.
+  bool held = false;
+  std::vector<std::vector<const std::byte*>> held_at;
+  std::vector<int64_t> arrived;
+  std::vector<std::vector<int32_t>> record_token;
+  std::vector<int64_t> released;
+  int64_t next_token = 0;  // tokens [0, next_token) are reduced
+  std::vector<const bf16*> rows_scratch;
+  std::vector<int> ranks_scratch;
 
   void pack(int d, int64_t first, int64_t n, std::byte* dst);
   void pack_slots(int d, int64_t first, int64_t n, std::byte* dst);
   const std::byte* staged(int r, int64_t index) const {
+    if (held) return held_at[r][index];
     return static_cast<const std::byte*>(stage.data_ptr()) +
            static_cast<size_t>(stage_offset[r] + index) * spec.record_bytes;
   }
@@ -141,9 +145,14 @@ struct CombineOp final : Operation {
     const int64_t i = t * c.K + k;
     return staged(plan->topk[i] / plan->num_local_experts, slot_record[i]);
   }
-  void start_from_bias(float* acc, int64_t t) const;
-  void reduce_partials(float* acc, float* w, int64_t t, int* ranks) const;
-  void reduce_slots(float* acc, float* w, int64_t t) const;
+  // Appends token t's rows to `rows` in reduction order (and fills its weights); returns the
+  // new count.
+  int partial_rows(const bf16** rows, int n, float* w, int64_t t, int* ranks) const;
+  int slot_rows_of(const bf16** rows, int n, float* w, int64_t t) const;
+  void reduce_token(int64_t t);
+  bool has_arrived(int64_t t) const;  // hold mode: every record token t reads is readable
+  void reduce_arrived();              // hold mode: reduces the tokens whose records all arrived
+  int64_t release_upto(int r);        // hold mode: records of r that no unreduced token reads
   void finish() override;
 };
 
@@ -159,13 +168,19 @@ void CombineOp::pack(int d, int64_t first, int64_t n, std::byte* dst) {
       if (c.weights) std::memcpy(w_out, c.weights + row * K, w_bytes);
       continue;
     }
-    std::fill(pack_acc.begin(), pack_acc.end(), 0.0f);
+    // The rank's partial: its slots' rows summed from 0 in top-k order.
+    const bf16* rows[kMaxTopk];
+    int live = 0;
     for (int k = 0; k < K; ++k) {
       const int32_t erow = plan->expanded_rows[row * K + k];
-      if (erow >= 0) add_row(pack_acc.data(), c.x + erow * H, H);
+      if (erow >= 0) rows[live++] = reinterpret_cast<const bf16*>(c.x + erow * H);
       if (c.weights) w_out[k] = erow >= 0 ? c.weights[erow] : 0.0f;
     }
-    convert_f32_to_bf16(pack_acc.data(), reinterpret_cast<bf16*>(dst), static_cast<size_t>(H));
+    if (live == 0) {
+      std::memset(dst, 0, row_bytes);
+    } else {
+      sum(rows, live, true, H, reinterpret_cast<bf16*>(dst));
+    }
   }
 }
 
@@ -177,23 +192,10 @@ void CombineOp::pack_slots(int d, int64_t first, int64_t n, std::byte* dst) {
   }
 }
 
-void CombineOp::start_from_bias(float* acc, int64_t t) const {
-  const int64_t H = c.H;
-  if (c.bias.empty()) {
-    std::fill(acc, acc + H, 0.0f);
-    return;
-  }
-  // f32(bias0) + f32(bias1) first, as one value, like refs.py's bias_sum.
-  const uint16_t* b0 = c.bias[0] + t * H;
-  for (int64_t h = 0; h < H; ++h) acc[h] = widen(b0[h]);
-  if (c.bias.size() == 2) add_row(acc, c.bias[1] + t * H, H);
-}
-
-// Adds each rank's BF16 partial in reduction order; the weights come from the owning rank's record.
-void CombineOp::reduce_partials(float* acc, float* w, int64_t t, int* ranks) const {
-  const int n = reduction_order(*plan, t, ranks);
-  for (int i = 0; i < n; ++i)
-    add_row(acc, reinterpret_cast<const uint16_t*>(record(ranks[i], t)), c.H);
+// Each rank's BF16 partial in reduction order; the weights come from the owning rank's record.
+int CombineOp::partial_rows(const bf16** rows, int n, float* w, int64_t t, int* ranks) const {
+  const int m = reduction_order(*plan, t, ranks);
+  for (int i = 0; i < m; ++i) rows[n++] = reinterpret_cast<const bf16*>(record(ranks[i], t));
   for (int k = 0; k < c.K && w; ++k) {
     const int32_t e = plan->topk[t * c.K + k];
     w[k] =
@@ -201,34 +203,72 @@ void CombineOp::reduce_partials(float* acc, float* w, int64_t t, int* ranks) con
             ? 0.0f
             : reinterpret_cast<const float*>(record(e / plan->num_local_experts, t) + row_bytes)[k];
   }
+  return n;
 }
 
-// Adds every slot's row in top-k order: the one reduction of allow_multiple_reduction = false.
-void CombineOp::reduce_slots(float* acc, float* w, int64_t t) const {
+// Every slot's row in top-k order: the one reduction of allow_multiple_reduction = false.
+int CombineOp::slot_rows_of(const bf16** rows, int n, float* w, int64_t t) const {
   for (int k = 0; k < c.K; ++k) {
     const bool routed = plan->topk[t * c.K + k] >= 0;
-    if (routed) add_row(acc, reinterpret_cast<const uint16_t*>(slot(t, k)), c.H);
+    if (routed) rows[n++] = reinterpret_cast<const bf16*>(slot(t, k));
     if (!w) continue;
     w[k] = 0.0f;
     if (routed) std::memcpy(&w[k], slot(t, k) + row_bytes, 4);  // 2H need not be 4-aligned
   }
+  return n;
+}
+
+// Per token: f32(bias0) [+ f32(bias1)], or 0 without bias, then the partials (or slots) in order,
+// rounded once to BF16 (dsk/kernels/ep/reduce.hpp).
+void CombineOp::reduce_token(int64_t t) {
+  const int64_t H = c.H;
+  const bf16** rows = rows_scratch.data();
+  int n = 0;
+  for (const uint16_t* b : c.bias) rows[n++] = reinterpret_cast<const bf16*>(b + t * H);
+  float* w = c.weights ? combined_w.data<float>() + t * c.K : nullptr;
+  n = single ? slot_rows_of(rows, n, w, t) : partial_rows(rows, n, w, t, ranks_scratch.data());
+  bf16* out = combined_x.data<bf16>() + t * H;
+  if (n == 0) {
+    std::memset(out, 0, static_cast<size_t>(H) * 2);
+  } else {
+    sum(rows, n, c.bias.empty(), H, out);
+  }
+}
+
+bool CombineOp::has_arrived(int64_t t) const {
+  const int R = plan->num_ranks;
+  if (single) {
+    for (int k = 0; k < c.K; ++k) {
+      const int32_t e = plan->topk[t * c.K + k];
+      if (e >= 0 && slot_record[t * c.K + k] >= arrived[e / plan->num_local_experts]) return false;
+    }
+    return true;
+  }
+  for (int r = 0; r < R; ++r) {
+    const int32_t pos = plan->send_pos[t * R + r];
+    if (pos >= 0 && pos >= arrived[r]) return false;
+  }
+  return true;
+}
+
+void CombineOp::reduce_arrived() {
+  while (next_token < c.T && has_arrived(next_token)) reduce_token(next_token++);
+}
+
+int64_t CombineOp::release_upto(int r) {
+  const std::vector<int32_t>& tokens = record_token[r];
+  int64_t& done = released[r];
+  while (done < static_cast<int64_t>(tokens.size()) && tokens[done] < next_token) ++done;
+  return done;
 }
 
 void CombineOp::finish() {
-  const int64_t H = c.H, T = c.T;
-  auto* result = combined_x.data<bf16>();
-  std::vector<float> acc(static_cast<size_t>(H));
-  std::vector<int> ranks(static_cast<size_t>(std::max(plan->num_ranks, kMaxTopk)));
-  for (int64_t t = 0; t < T; ++t) {
-    start_from_bias(acc.data(), t);
-    float* w = c.weights ? combined_w.data<float>() + t * c.K : nullptr;
-    if (single) {
-      reduce_slots(acc.data(), w, t);
-    } else {
-      reduce_partials(acc.data(), w, t, ranks.data());
-    }
-    convert_f32_to_bf16(acc.data(), result + t * H, static_cast<size_t>(H));
+  if (held) {
+    reduce_arrived();  // the tokens after the last record
+    DSK_CHECK(next_token == c.T, kFn, "internal: a token's records never arrived");
+    return;
   }
+  for (int64_t t = 0; t < c.T; ++t) reduce_token(t);
 }
 
 // Single reduction, both sides of the stream order: the sender walks its received rows per owner
@@ -247,12 +287,16 @@ std::vector<int64_t> plan_slot_streams(CombineOp& op) {
           op.slot_rows[d].push_back(erow);
   }
   op.slot_record.assign(static_cast<size_t>(plan.num_tokens * K), -1);
+  op.record_token.assign(R, {});
   std::vector<int64_t> records(R, 0);
   for (int r = 0; r < R; ++r) {
     for (const int32_t t : plan.send_list[r]) {
       for (int k = 0; k < K; ++k) {
         const int32_t e = plan.topk[t * K + k];
-        if (e >= 0 && e / El == r) op.slot_record[t * K + k] = static_cast<int32_t>(records[r]++);
+        if (e >= 0 && e / El == r) {
+          op.slot_record[t * K + k] = static_cast<int32_t>(records[r]++);
+          op.record_token[r].push_back(t);
+        }
       }
     }
   }
@@ -298,7 +342,6 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
   } else {
     for (int r = 0; r < R; ++r) expected[r] = static_cast<int64_t>(plan.send_list[r].size());
     spec.send_records = plan.recv_count;
-    op->pack_acc.resize(static_cast<size_t>(H));
   }
   const Signature sig{.kind = 2,
                       .hidden = static_cast<int32_t>(H),
@@ -317,15 +360,26 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
     hv.sig() = sig;
     hv.tail() = {T, spec.send_records[d]};
   }
-  op->stage_offset.assign(R, 0);
-  int64_t staged = 0;
-  for (int r = 0; r < R; ++r) {
-    op->stage_offset[r] = staged;
-    staged += expected[r];
-  }
-  op->stage = b.pooled({staged * static_cast<int64_t>(spec.record_bytes)}, DType::u8);
   op->combined_x = b.pooled({T, H}, DType::bf16);
   if (c.weights) op->combined_w = Tensor::empty({T, K}, DType::f32);
+  op->rows_scratch.resize(static_cast<size_t>(2 + std::max(R, kMaxTopk)));
+  op->ranks_scratch.resize(static_cast<size_t>(std::max(R, kMaxTopk)));
+  op->held = b.channel->holds_records();
+  if (op->held) {
+    if (!op->single) op->record_token = plan.send_list;
+    op->held_at.resize(R);
+    for (int r = 0; r < R; ++r) op->held_at[r].resize(static_cast<size_t>(expected[r]));
+    op->arrived.assign(R, 0);
+    op->released.assign(R, 0);
+  } else {
+    op->stage_offset.assign(R, 0);
+    int64_t staged = 0;
+    for (int r = 0; r < R; ++r) {
+      op->stage_offset[r] = staged;
+      staged += expected[r];
+    }
+    op->stage = b.pooled({staged * static_cast<int64_t>(spec.record_bytes)}, DType::u8);
+  }
 
   // The callbacks may run on the communication thread; they reach everything through `self`.
   CombineOp* self = op.get();
@@ -345,12 +399,23 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
       sp.recv_records[r] = hv.tail().num_records;
     }
   };
-  spec.unpack = [self](int r, int64_t first, int64_t n, const std::byte* src) {
-    const size_t rb = self->spec.record_bytes;
-    std::memcpy(static_cast<std::byte*>(self->stage.data_ptr()) +
-                    static_cast<size_t>(self->stage_offset[r] + first) * rb,
-                src, static_cast<size_t>(n) * rb);
-  };
+  if (op->held) {
+    spec.hold = [self](int r, int64_t first, int64_t n, const std::byte* src) {
+      const size_t rb = self->spec.record_bytes;
+      for (int64_t i = 0; i < n; ++i)
+        self->held_at[r][first + i] = src + static_cast<size_t>(i) * rb;
+      self->arrived[r] = first + n;
+      self->reduce_arrived();
+    };
+    spec.released = [self](int r) { return self->release_upto(r); };
+  } else {
+    spec.unpack = [self](int r, int64_t first, int64_t n, const std::byte* src) {
+      const size_t rb = self->spec.record_bytes;
+      std::memcpy(static_cast<std::byte*>(self->stage.data_ptr()) +
+                      static_cast<size_t>(self->stage_offset[r] + first) * rb,
+                  src, static_cast<size_t>(n) * rb);
+    };
+  }
   b.execute(op, a.async_finish, kFn);
 
   CombineResult out;

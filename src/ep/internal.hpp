@@ -83,6 +83,11 @@ struct ExchangeSpec {
   // Writes records [first, first + n) for `peer` to dst / reads those from `peer` at src.
   std::function<void(int peer, int64_t first, int64_t n, std::byte* dst)> pack;
   std::function<void(int peer, int64_t first, int64_t n, const std::byte* src)> unpack;
+  // Optional, on channels whose holds_records() is true, instead of unpack: records
+  // [first, first + n) from `peer` are readable at src until released(peer) (monotonic) covers
+  // them, so the receiver can use them in place, in an order of its own.
+  std::function<void(int peer, int64_t first, int64_t n, const std::byte* src)> hold;
+  std::function<int64_t(int peer)> released;
 };
 
 // One exchange in flight. poll() moves whatever is ready without blocking and returns true once
@@ -104,6 +109,8 @@ class Channel {
   virtual size_t max_header_bytes() const = 0;
   // Bytes of one record slot chunk (records larger than this cannot travel); 0 = unlimited.
   virtual size_t chunk_bytes() const = 0;
+  // Whether exchanges honour ExchangeSpec::hold / released.
+  virtual bool holds_records() const { return false; }
 };
 
 // Polls `exchange` until it finished (or, with until_headers, until every header arrived),

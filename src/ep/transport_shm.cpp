@@ -8,16 +8,27 @@
 //               chunk_posted[d]   (written by s)  record chunks posted for d, over all exchanges
 //               chunk_taken[d]    (written by d)  chunks d has copied out
 //   headers   [R][header_capacity]
-//   slots     [R][2][chunk_bytes]: fixed-capacity, double-buffered record chunks per receiver
-// A chunk goes to slot (chunk index % 2) once chunk_taken shows that slot is free; the receiver
-// reads it once chunk_posted covers it (release/acquire pairs, no queues, no locks). Everything is
-// polled by one loop that moves whatever is ready, so no pair of ranks can wait on each other.
+//   slots     [R][2 * chunk_bytes]: a fixed-capacity ring of record chunks per receiver
+// A chunk goes to ring slot (chunk index % slots) once chunk_taken shows that slot is free; the
+// receiver reads it once chunk_posted covers it (release/acquire pairs, no queues, no locks).
+// Everything is polled by one loop that moves whatever is ready, so no pair of ranks can wait on
+// each other. A rank's records to itself skip the ring: they are packed into a small buffer of
+// this process and unpacked from it at once, so they cross memory once.
+//
+// NOTES: every exchange cuts the ring into chunks of about kChunkTarget bytes and keeps at most
+// kInFlight bytes of them posted and not taken. The receiver then reads a chunk while the
+// sender's writes still sit in the caches, so a byte that crosses between ranks costs one DRAM
+// read and one DRAM write, as a memcpy does, instead of a write to and a read from a ring as
+// large as the whole exchange (measured in docs/ep.md). The geometry may differ between
+// exchanges, so an exchange posts its first chunk to a receiver only once that receiver took
+// every chunk of the exchanges before.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <random>
 
 #include <dsk/core/error.hpp>
@@ -42,6 +53,9 @@ size_t control_bytes(int num_ranks) {
 namespace {
 
 constexpr const char* kFn = "ep::Buffer (shared memory)";
+// The chunk size an exchange aims for and the bytes it keeps in flight per receiver (see NOTES).
+constexpr size_t kChunkTarget = size_t{128} << 10;
+constexpr size_t kInFlight = size_t{512} << 10;
 
 uint64_t load_acquire(const uint64_t* p) {
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
@@ -70,6 +84,7 @@ class ShmChannel final : public Channel {
     chunk_ = (bytes_ - fixed) / (2 * static_cast<size_t>(size_)) / 64 * 64;
     map_all(comm, timeout_s);
     posted_.assign(size_, 0);
+    read_.assign(size_, 0);
     taken_.assign(size_, 0);
   }
 
@@ -80,6 +95,7 @@ class ShmChannel final : public Channel {
 
   size_t max_header_bytes() const override { return header_cap_; }
   size_t chunk_bytes() const override { return chunk_; }
+  bool holds_records() const override { return true; }
 
   std::unique_ptr<Exchange> start(ExchangeSpec& spec, const char* fn) override;
 
@@ -93,9 +109,10 @@ class ShmChannel final : public Channel {
   std::byte* header(int owner, int d) const {
     return maps_[owner].base + control_bytes(size_) + header_cap_ * d;
   }
-  std::byte* slot(int owner, int d, uint64_t chunk) const {
+  // Ring slot `chunk % slots` of `slot_bytes` in the ring of receiver `d` in `owner`'s segment.
+  std::byte* slot(int owner, int d, uint64_t chunk, uint64_t slots, size_t slot_bytes) const {
     return maps_[owner].base + control_bytes(size_) + header_cap_ * size_ +
-           (static_cast<size_t>(d) * 2 + chunk % 2) * chunk_;
+           static_cast<size_t>(d) * 2 * chunk_ + (chunk % slots) * slot_bytes;
   }
 
   void map_all(const CommImpl& comm, double timeout_s);
@@ -105,7 +122,8 @@ class ShmChannel final : public Channel {
   std::vector<Mapping> maps_;
   uint64_t exchanges_ = 0;        // exchanges this channel ran
   std::vector<uint64_t> posted_;  // chunks posted to each receiver so far
-  std::vector<uint64_t> taken_;   // chunks taken from each sender so far
+  std::vector<uint64_t> read_;    // chunks read from each sender so far
+  std::vector<uint64_t> taken_;   // chunks released to each sender so far (<= read_)
 };
 
 // NOTES: rank 0 draws a random name stem and shares it, every rank creates its own segment, all
@@ -164,11 +182,14 @@ class ShmExchange final : public Exchange {
   ShmExchange(ShmChannel& channel, ExchangeSpec& spec, const char* fn)
       : ch_(channel), spec_(spec), R_(channel.size_) {
     DSK_CHECK(spec.header_bytes <= ch_.header_cap_, fn, "internal: header larger than its slot");
-    per_chunk_ = static_cast<int64_t>(ch_.chunk_ / spec.record_bytes);
-    DSK_CHECK(per_chunk_ > 0, fn,
+    DSK_CHECK(spec.record_bytes <= ch_.chunk_, fn,
               "the buffer is too small: one row needs " + std::to_string(spec.record_bytes) +
                   " bytes, a slot holds " + std::to_string(ch_.chunk_) +
                   " (size the buffer with Buffer::get_buffer_size_hint)");
+    per_chunk_ = static_cast<int64_t>(
+        std::clamp(kChunkTarget / spec.record_bytes, size_t{1}, ch_.chunk_ / spec.record_bytes));
+    slot_bytes_ = static_cast<size_t>(per_chunk_) * spec.record_bytes;
+    slots_ = std::clamp(kInFlight / slot_bytes_, size_t{2}, 2 * ch_.chunk_ / slot_bytes_);
     seq_ = ++ch_.exchanges_;
     sent_.assign(R_, 0);
     got_.assign(R_, 0);
@@ -177,6 +198,8 @@ class ShmExchange final : public Exchange {
     for (int d = 0; d < R_; ++d) send_total_[d] = chunks_of(spec.send_records[d]);
     header_posted_.assign(R_, false);
     header_read_.assign(R_, false);
+    ring_free_.assign(R_, false);
+    held_.resize(R_);
   }
 
   bool has_headers() const override { return headers_left_ == 0; }
@@ -186,13 +209,14 @@ class ShmExchange final : public Exchange {
     bool moved = read_headers() || posted;
     bool done = headers_left_ == 0 && headers_to_post_ == 0;
     for (int d = 0; d < R_; ++d) {
-      if (send(d)) moved = true;
+      if (d != ch_.rank_ && send(d)) moved = true;
       done = done && sent_[d] == send_total_[d];
     }
     if (headers_left_ == 0) {
       for (int s = 0; s < R_; ++s) {
-        if (receive(s)) moved = true;
-        done = done && got_[s] == recv_total_[s];
+        if (s == ch_.rank_ ? to_self() : receive(s)) moved = true;
+        if (spec_.hold && release(s)) moved = true;
+        done = done && got_[s] == recv_total_[s] && held_[s].empty();
       }
     }
     moved_ = moved;
@@ -238,15 +262,45 @@ class ShmExchange final : public Exchange {
     return moved;
   }
 
-  // Fills free slots for receiver d (two per pair: the receiver copies one while we fill the
-  // other).
+  // One chunk of this rank's records to itself, through a buffer of this process (in the
+  // caches), not the ring. Held chunks keep their buffer; at most a ring's worth are held.
+  bool to_self() {
+    const int me = ch_.rank_;
+    if (sent_[me] == send_total_[me] || held_[me].size() >= slots_) return false;
+    std::vector<std::byte> buffer;
+    if (!spare_.empty()) {
+      buffer = std::move(spare_.back());
+      spare_.pop_back();
+    }
+    buffer.resize(slot_bytes_);
+    const int64_t first = sent_[me] * per_chunk_;
+    const int64_t n = std::min(per_chunk_, spec_.send_records[me] - first);
+    spec_.pack(me, first, n, buffer.data());
+    if (spec_.hold) {
+      spec_.hold(me, first, n, buffer.data());
+      held_[me].push_back(first + n);
+      self_held_.push_back(std::move(buffer));
+    } else {
+      spec_.unpack(me, first, n, buffer.data());
+      spare_.push_back(std::move(buffer));
+    }
+    ++sent_[me];
+    ++got_[me];
+    return true;
+  }
+
+  // Fills free ring slots for receiver d (the receiver copies one while we fill the next).
   bool send(int d) {
     bool moved = false;
     uint64_t& posted = ch_.posted_[d];
-    while (sent_[d] < send_total_[d] && posted - load_acquire(ch_.counter(ch_.rank_, d, 3)) < 2) {
+    // The ring's geometry is this exchange's: wait until d took the earlier exchanges' chunks.
+    if (!ring_free_[d] && sent_[d] < send_total_[d])
+      ring_free_[d] = load_acquire(ch_.counter(ch_.rank_, d, 3)) == posted;
+    while (ring_free_[d] && sent_[d] < send_total_[d] &&
+           posted - load_acquire(ch_.counter(ch_.rank_, d, 3)) < slots_) {
       const int64_t first = sent_[d] * per_chunk_;
       const int64_t n = std::min(per_chunk_, spec_.send_records[d] - first);
-      spec_.pack(d, first, n, ch_.slot(ch_.rank_, d, posted));
+      spec_.pack(d, first, n, ch_.slot(ch_.rank_, d, posted, slots_, slot_bytes_));
       store_release(ch_.counter(ch_.rank_, d, 2), ++posted);
       ++sent_[d];
       moved = true;
@@ -256,13 +310,37 @@ class ShmExchange final : public Exchange {
 
   bool receive(int s) {
     bool moved = false;
-    uint64_t& taken = ch_.taken_[s];
-    while (got_[s] < recv_total_[s] && load_acquire(ch_.counter(s, ch_.rank_, 2)) > taken) {
+    uint64_t& read = ch_.read_[s];
+    while (got_[s] < recv_total_[s] && load_acquire(ch_.counter(s, ch_.rank_, 2)) > read) {
       const int64_t first = got_[s] * per_chunk_;
       const int64_t n = std::min(per_chunk_, spec_.recv_records[s] - first);
-      spec_.unpack(s, first, n, ch_.slot(s, ch_.rank_, taken));
-      store_release(ch_.counter(s, ch_.rank_, 3), ++taken);
+      const std::byte* src = ch_.slot(s, ch_.rank_, read++, slots_, slot_bytes_);
+      if (spec_.hold) {
+        spec_.hold(s, first, n, src);
+        held_[s].push_back(first + n);
+      } else {
+        spec_.unpack(s, first, n, src);
+        store_release(ch_.counter(s, ch_.rank_, 3), ++ch_.taken_[s]);
+      }
       ++got_[s];
+      moved = true;
+    }
+    return moved;
+  }
+
+  // Gives back the held chunks from s that the receiver no longer reads, oldest first.
+  bool release(int s) {
+    if (held_[s].empty()) return false;
+    const int64_t done = spec_.released(s);
+    bool moved = false;
+    while (!held_[s].empty() && held_[s].front() <= done) {
+      held_[s].pop_front();
+      if (s == ch_.rank_) {
+        spare_.push_back(std::move(self_held_.front()));
+        self_held_.pop_front();
+      } else {
+        store_release(ch_.counter(s, ch_.rank_, 3), ++ch_.taken_[s]);
+      }
       moved = true;
     }
     return moved;
@@ -271,12 +349,19 @@ class ShmExchange final : public Exchange {
   ShmChannel& ch_;
   ExchangeSpec& spec_;
   int R_;
-  int64_t per_chunk_ = 1;
+  int64_t per_chunk_ = 1;  // records per chunk
+  size_t slot_bytes_ = 0;  // bytes of a ring slot: per_chunk_ records
+  uint64_t slots_ = 2;     // ring slots per receiver in this exchange
   uint64_t seq_ = 0;
   int headers_to_post_ = R_;
   int headers_left_ = R_;
   bool moved_ = false;
   std::vector<bool> header_posted_, header_read_;
+  std::vector<bool> ring_free_;  // per receiver: no earlier exchange's chunk is left in its ring
+  // Per sender: the end (in records) of each chunk held, oldest first (hold mode).
+  std::vector<std::deque<int64_t>> held_;
+  std::deque<std::vector<std::byte>> self_held_;  // buffers of the held chunks to this rank
+  std::vector<std::vector<std::byte>> spare_;     // buffers for chunks to this rank, reused
   std::vector<int64_t> sent_, send_total_, got_, recv_total_;
 };
 
