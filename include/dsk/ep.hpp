@@ -339,6 +339,10 @@ class Buffer {
   int rank() const;
   int num_ranks() const;
   int64_t num_bytes() const;  // this rank's buffer size
+  // Shared memory this rank holds beyond num_bytes: on the shared-memory transport, two blocks of
+  // R * num_max_tokens_per_rank * hidden BF16 values that dispatch outputs are allocated from, so
+  // that peers write received rows in place (0 elsewhere, or when /dev/shm had no room for them).
+  int64_t output_bytes() const;
   Transport transport() const;
   const BufferConfig& config() const;
 

@@ -74,11 +74,19 @@ void check_config(const BufferConfig& c, int num_ranks) {
 
 }  // namespace
 
+size_t shared_output_block_bytes(const BufferConfig& config, int num_ranks) {
+  if (config.num_max_tokens_per_rank <= 0 || config.hidden <= 0) return 0;
+  return align_up(static_cast<size_t>(num_ranks) *
+                      static_cast<size_t>(config.num_max_tokens_per_rank) *
+                      static_cast<size_t>(config.hidden) * 2,
+                  size_t{2} << 20);
+}
+
 std::unique_ptr<Channel> make_channel(Transport transport, const CommImpl& comm, int64_t num_bytes,
-                                      double timeout_s) {
+                                      size_t output_block_bytes, double timeout_s) {
   switch (transport) {
     case Transport::shared_memory:
-      return make_shm_channel(comm, num_bytes, timeout_s);
+      return make_shm_channel(comm, num_bytes, output_block_bytes, timeout_s);
     case Transport::mpi_one_sided:
       return make_mpi_rma_channel(comm, num_bytes, timeout_s);
     default:
@@ -322,7 +330,9 @@ Buffer::Buffer(const Communicator& comm, const BufferConfig& config)
                     : get_buffer_size_hint(b.num_ranks, config.num_max_tokens_per_rank,
                                            config.hidden, config.num_topk, config.use_fp8_dispatch);
   if (b.transport == Transport::mpi) b.transport = detail::kDefaultMpiTransport;
-  b.channel = detail::make_channel(b.transport, comm.impl(), b.num_bytes, b.timeout_s);
+  b.channel =
+      detail::make_channel(b.transport, comm.impl(), b.num_bytes,
+                           detail::shared_output_block_bytes(b.config, b.num_ranks), b.timeout_s);
 }
 
 // Tearing down is local (each rank unmaps its own view of the segments), so neither the
@@ -372,7 +382,9 @@ void Buffer::resize(int64_t num_bytes) {
   b.channel.reset();  // unmaps this rank's view first, so old and new never coexist
   b.num_bytes = num_bytes;
   b.config.num_bytes = num_bytes;
-  b.channel = detail::make_channel(b.transport, b.comm.impl(), num_bytes, b.timeout_s);
+  b.channel =
+      detail::make_channel(b.transport, b.comm.impl(), num_bytes,
+                           detail::shared_output_block_bytes(b.config, b.num_ranks), b.timeout_s);
   b.broken = false;  // a fresh channel: no exchange is left half done
 }
 
@@ -387,6 +399,9 @@ int Buffer::num_ranks() const {
 }
 int64_t Buffer::num_bytes() const {
   return impl_->num_bytes;
+}
+int64_t Buffer::output_bytes() const {
+  return impl_->channel ? static_cast<int64_t>(impl_->channel->shared_output_bytes()) : 0;
 }
 Transport Buffer::transport() const {
   return impl_->transport;

@@ -206,7 +206,11 @@ struct Receiver {
   Tensor recv_x, recv_sf, recv_idx, recv_w, recv_src_idx, meta;
 
   void on_headers(ExchangeSpec& spec);
-  void unpack(int s, int64_t first, int64_t n, const std::byte* src);
+  // rows_landed: the records' rows were written straight into recv_x (direct rows).
+  void unpack(int s, int64_t first, int64_t n, const std::byte* src, bool rows_landed);
+  // Direct rows: where row 0 of sender s's records goes, when recv_x is a shared output.
+  std::byte* direct_dest(int s);
+  bool shared_x = false;
   void finish();
 };
 
@@ -260,7 +264,12 @@ void Receiver::on_headers(ExchangeSpec& spec) {
   }
 
   const int64_t alloc = overflow ? 0 : rows;
-  recv_x = b->pooled({alloc, in->H}, in->x_dtype);
+  // Without expansion every record's row has one place in recv_x, so the peers can write it
+  // there themselves when recv_x lives in the channel's shared outputs.
+  if (spec.direct_row_bytes > 0 && alloc > 0)
+    recv_x = b->channel->shared_output({alloc, in->H}, in->x_dtype);
+  shared_x = recv_x.defined();
+  if (!shared_x) recv_x = b->pooled({alloc, in->H}, in->x_dtype);
   if (in->fp8) recv_sf = b->pooled({alloc, in->H / 128}, DType::f32);
   if (plan->has_topk && !in->expand) recv_idx = Tensor::empty({alloc, K}, in->idx_dtype);
   if (in->weights) {
@@ -272,7 +281,12 @@ void Receiver::on_headers(ExchangeSpec& spec) {
   if (in->expand) plan->expanded_rows.assign(static_cast<size_t>(num_recv * K), -1);
 }
 
-void Receiver::unpack(int s, int64_t first, int64_t n, const std::byte* src) {
+std::byte* Receiver::direct_dest(int s) {
+  if (!shared_x) return nullptr;
+  return static_cast<std::byte*>(recv_x.data_ptr()) + plan->recv_offset[s] * rec.x_bytes;
+}
+
+void Receiver::unpack(int s, int64_t first, int64_t n, const std::byte* src, bool rows_landed) {
   if (overflow) return;  // drained; finish() raises
   const int K = in->K, El = b->num_local_experts, lo = b->rank * El;
   auto* out_x = static_cast<std::byte*>(recv_x.data_ptr());
@@ -299,7 +313,7 @@ void Receiver::unpack(int s, int64_t first, int64_t n, const std::byte* src) {
       if (local[k] >= 0 && m[1] < 0) m[1] = s * K + k;
     }
     if (!in->expand) {
-      std::memcpy(out_x + row * rec.x_bytes, r + rec.x, rec.x_bytes);
+      if (!rows_landed) std::memcpy(out_x + row * rec.x_bytes, r + rec.x, rec.x_bytes);
       if (out_sf) std::memcpy(out_sf + row * rec.sf_bytes, r + rec.sf, rec.sf_bytes);
       for (int k = 0; k < K && rec.ids_bytes; ++k) {
         if (in->idx_dtype == DType::i64) {
@@ -459,13 +473,14 @@ DispatchResult run_dispatch(BufferImpl& b, const Tensor& x, const Tensor* x_sf,
   // The callbacks may run on the communication thread: they reach everything through `self`,
   // which the operation owns.
   DispatchOp* self = op.get();
-  spec.pack = [self](int d, int64_t first, int64_t n, std::byte* dst) {
+  // rows: where the records' rows go (direct rows), or null for "in the records".
+  auto pack = [self](int d, int64_t first, int64_t n, std::byte* dst, std::byte* rows) {
     const RecordLayout& rec = self->recv.rec;
     const Inputs& in = self->in;
     const Plan& plan = *self->plan;
     for (int64_t i = 0; i < n; ++i, dst += rec.bytes) {
       const int32_t t = plan.send_list[d][first + i];
-      std::memcpy(dst + rec.x, in.x + t * in.x_row, rec.x_bytes);
+      std::memcpy(rows ? rows + i * rec.x_bytes : dst + rec.x, in.x + t * in.x_row, rec.x_bytes);
       if (rec.sf_bytes) std::memcpy(dst + rec.sf, in.sf + t * in.sf_row, rec.sf_bytes);
       if (rec.ids_bytes) std::memcpy(dst + rec.ids, plan.topk.data() + t * in.K, rec.ids_bytes);
       if (rec.weights_bytes)
@@ -473,10 +488,21 @@ DispatchResult run_dispatch(BufferImpl& b, const Tensor& x, const Tensor* x_sf,
       std::memcpy(dst + rec.src, &t, 4);
     }
   };
+  spec.pack = [pack](int d, int64_t first, int64_t n, std::byte* dst) {
+    pack(d, first, n, dst, nullptr);
+  };
   spec.on_headers = [self] { self->recv.on_headers(self->spec); };
   spec.unpack = [self](int s, int64_t first, int64_t n, const std::byte* src) {
-    self->recv.unpack(s, first, n, src);
+    self->recv.unpack(s, first, n, src, false);
   };
+  if (!in.expand) {
+    spec.direct_row_bytes = recv.rec.x_bytes;
+    spec.direct_dest = [self](int s) { return self->recv.direct_dest(s); };
+    spec.pack_direct = pack;
+    spec.unpack_direct = [self](int s, int64_t first, int64_t n, const std::byte* src) {
+      self->recv.unpack(s, first, n, src, true);
+    };
+  }
   b.execute(op, a.async_finish, kFn);
 
   DispatchResult out;

@@ -88,6 +88,17 @@ struct ExchangeSpec {
   // them, so the receiver can use them in place, in an order of its own.
   std::function<void(int peer, int64_t first, int64_t n, const std::byte* src)> hold;
   std::function<int64_t(int peer)> released;
+  // Optional, on channels with shared outputs: each record carries a row of direct_row_bytes
+  // that may be written straight into the receiver's output instead of travelling in the record.
+  // direct_dest (receiver, after on_headers): where row 0 of `peer`'s records goes, in memory of
+  // Channel::shared_output, or null for "in the records". pack_direct writes records
+  // [first, first + n) to dst but their rows to rows (row i at rows + i * direct_row_bytes);
+  // unpack_direct reads such records, whose rows already landed.
+  size_t direct_row_bytes = 0;
+  std::function<std::byte*(int peer)> direct_dest;
+  std::function<void(int peer, int64_t first, int64_t n, std::byte* dst, std::byte* rows)>
+      pack_direct;
+  std::function<void(int peer, int64_t first, int64_t n, const std::byte* src)> unpack_direct;
 };
 
 // One exchange in flight. poll() moves whatever is ready without blocking and returns true once
@@ -111,6 +122,11 @@ class Channel {
   virtual size_t chunk_bytes() const = 0;
   // Whether exchanges honour ExchangeSpec::hold / released.
   virtual bool holds_records() const { return false; }
+  // An output the peers can write into (ExchangeSpec::direct_dest), or an undefined Tensor when
+  // the channel has none or none is free.
+  virtual Tensor shared_output(const Shape& /*shape*/, DType /*dtype*/) { return {}; }
+  // The bytes reserved for shared outputs.
+  virtual size_t shared_output_bytes() const { return 0; }
 };
 
 // Polls `exchange` until it finished (or, with until_headers, until every header arrived),
@@ -126,14 +142,18 @@ size_t header_capacity(int num_ranks);
 size_t control_bytes(int num_ranks);
 size_t align_up(size_t x, size_t a);
 
+// output_block_bytes: the size of each of the two shared outputs (0: none).
 std::unique_ptr<Channel> make_shm_channel(const CommImpl& comm, int64_t num_bytes,
-                                          double timeout_s);
+                                          size_t output_block_bytes, double timeout_s);
 std::unique_ptr<Channel> make_mpi_channel(const CommImpl& comm, double timeout_s);
 std::unique_ptr<Channel> make_mpi_rma_channel(const CommImpl& comm, int64_t num_bytes,
                                               double timeout_s);
 // The channel of a resolved transport (shared_memory, mpi_alltoallv or mpi_one_sided).
 std::unique_ptr<Channel> make_channel(Transport transport, const CommImpl& comm, int64_t num_bytes,
-                                      double timeout_s);
+                                      size_t output_block_bytes, double timeout_s);
+// The shared output block a buffer's dispatch needs at most: R * Tmax rows of hidden BF16 values
+// (0 when the configuration does not say).
+size_t shared_output_block_bytes(const BufferConfig& config, int num_ranks);
 
 // ---- Events ----
 struct EventState {

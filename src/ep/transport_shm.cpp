@@ -7,8 +7,12 @@
 //               header_taken[d]   (written by d)  headers d has copied out
 //               chunk_posted[d]   (written by s)  record chunks posted for d, over all exchanges
 //               chunk_taken[d]    (written by d)  chunks d has copied out
+//             per sender d of an exchange with direct rows (the segment's owner receiving):
+//               reply_seq[d]      (written by s)  the last exchange whose reply is posted
+//               reply_offset[d]   (written by s)  where d's rows go in this segment, + 1 (0: none)
 //   headers   [R][header_capacity]
 //   slots     [R][2 * chunk_bytes]: a fixed-capacity ring of record chunks per receiver
+//   outputs   (from a 2 MiB boundary) two blocks that dispatch outputs are allocated from
 // A chunk goes to ring slot (chunk index % slots) once chunk_taken shows that slot is free; the
 // receiver reads it once chunk_posted covers it (release/acquire pairs, no queues, no locks).
 // Everything is polled by one loop that moves whatever is ready, so no pair of ranks can wait on
@@ -22,6 +26,11 @@
 // large as the whole exchange (measured in docs/ep.md). The geometry may differ between
 // exchanges, so an exchange posts its first chunk to a receiver only once that receiver took
 // every chunk of the exchanges before.
+//
+// Direct rows (dispatch): a receiver whose output was allocated in its segment's output blocks
+// replies with the output's offset once it has read every header; the senders then write each
+// token's row straight into it and only the small rest of the record travels through the ring,
+// so a row is copied once, as in a memcpy, instead of into the ring and out again.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -47,7 +56,7 @@ size_t header_capacity(int num_ranks) {
 }
 
 size_t control_bytes(int num_ranks) {
-  return 4 * 64 * static_cast<size_t>(num_ranks);
+  return 6 * 64 * static_cast<size_t>(num_ranks);
 }
 
 namespace {
@@ -74,8 +83,12 @@ class ShmExchange;
 
 class ShmChannel final : public Channel {
  public:
-  ShmChannel(const CommImpl& comm, int64_t num_bytes, double timeout_s)
-      : rank_(comm.rank), size_(comm.size), bytes_(static_cast<size_t>(num_bytes)) {
+  ShmChannel(const CommImpl& comm, int64_t num_bytes, size_t output_block_bytes, double timeout_s)
+      : rank_(comm.rank),
+        size_(comm.size),
+        bytes_(static_cast<size_t>(num_bytes)),
+        outputs_at_(align_up(bytes_, kOutputAlign)),
+        output_block_(align_up(output_block_bytes, kOutputAlign)) {
     header_cap_ = header_capacity(size_);
     const size_t fixed = control_bytes(size_) + header_cap_ * size_;
     DSK_CHECK(bytes_ > fixed + 2 * 64 * static_cast<size_t>(size_), kFn,
@@ -83,28 +96,50 @@ class ShmChannel final : public Channel {
                   "needs " + std::to_string(fixed) + " bytes");
     chunk_ = (bytes_ - fixed) / (2 * static_cast<size_t>(size_)) / 64 * 64;
     map_all(comm, timeout_s);
+    // Each output block keeps the own mapping alive while a tensor uses it.
+    for (int i = 0; i < 2 && output_block_ > 0 && outputs_reserved_; ++i) {
+      std::byte* at = maps_[rank_].base + outputs_at_ + i * output_block_;
+      outputs_[i] = std::shared_ptr<std::byte>(at, [keep = own_](std::byte*) {});
+    }
     posted_.assign(size_, 0);
     read_.assign(size_, 0);
     taken_.assign(size_, 0);
   }
 
   ~ShmChannel() override {
-    for (Mapping& m : maps_)
-      if (m.base) munmap(m.base, m.bytes);
+    for (int r = 0; r < static_cast<int>(maps_.size()); ++r)
+      if (maps_[r].base && r != rank_) munmap(maps_[r].base, maps_[r].bytes);
   }
 
   size_t max_header_bytes() const override { return header_cap_; }
   size_t chunk_bytes() const override { return chunk_; }
   bool holds_records() const override { return true; }
+  size_t shared_output_bytes() const override { return outputs_reserved_ ? 2 * output_block_ : 0; }
+
+  Tensor shared_output(const Shape& shape, DType dtype) override {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    if (static_cast<size_t>(numel) * element_size(dtype) > output_block_) return {};
+    for (const std::shared_ptr<std::byte>& block : outputs_)
+      if (block && block.use_count() == 1)  // only the channel holds it
+        return Tensor::from_blob(block.get(), shape, dtype, {}, block);
+    return {};
+  }
 
   std::unique_ptr<Exchange> start(ExchangeSpec& spec, const char* fn) override;
 
  private:
   friend class ShmExchange;
-  // Counter `which` (0..3) of receiver `d` in the segment of `owner`.
+  // Counter `which` (0..5) of peer `d` in the segment of `owner`.
   uint64_t* counter(int owner, int d, int which) const {
     return reinterpret_cast<uint64_t*>(maps_[owner].base +
-                                       (static_cast<size_t>(d) * 4 + which) * 64);
+                                       (static_cast<size_t>(d) * 6 + which) * 64);
+  }
+  // Offset + 1 of p in this rank's output blocks, or 0 when p is not in them.
+  uint64_t output_offset(const std::byte* p) const {
+    const std::byte* begin = maps_[rank_].base + outputs_at_;
+    if (p == nullptr || p < begin || p >= begin + 2 * output_block_) return 0;
+    return static_cast<uint64_t>(p - maps_[rank_].base) + 1;
   }
   std::byte* header(int owner, int d) const {
     return maps_[owner].base + control_bytes(size_) + header_cap_ * d;
@@ -117,9 +152,15 @@ class ShmChannel final : public Channel {
 
   void map_all(const CommImpl& comm, double timeout_s);
 
+  static constexpr size_t kOutputAlign = size_t{2} << 20;
   int rank_, size_;
   size_t bytes_, header_cap_ = 0, chunk_ = 0;
+  size_t outputs_at_ = 0, output_block_ = 0;  // the output blocks' offset and size
+  bool outputs_reserved_ = true;              // tmpfs had room for them
+  size_t segment_bytes() const { return outputs_at_ + 2 * output_block_; }
   std::vector<Mapping> maps_;
+  std::shared_ptr<std::byte> own_;  // this rank's mapping (maps_[rank_])
+  std::shared_ptr<std::byte> outputs_[2];
   uint64_t exchanges_ = 0;        // exchanges this channel ran
   std::vector<uint64_t> posted_;  // chunks posted to each receiver so far
   std::vector<uint64_t> read_;    // chunks read from each sender so far
@@ -144,8 +185,14 @@ void ShmChannel::map_all(const CommImpl& comm, double timeout_s) {
   const int fd = shm_open(own.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) {
     error = "shm_open(" + own + ") failed: " + std::strerror(errno);
-  } else if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
-    error = "ftruncate(" + std::to_string(bytes_) + ") failed: " + std::strerror(errno);
+  } else if (ftruncate(fd, static_cast<off_t>(segment_bytes())) != 0) {
+    error = "ftruncate(" + std::to_string(segment_bytes()) + ") failed: " + std::strerror(errno);
+  } else if (output_block_ > 0 && posix_fallocate(fd, static_cast<off_t>(outputs_at_),
+                                                  static_cast<off_t>(2 * output_block_)) != 0) {
+    // NOTES: tmpfs gives pages on first touch, and a touch it cannot serve is a SIGBUS; the
+    // output blocks are therefore reserved up front, and without room for them dispatch outputs
+    // come from private memory (peers only write where this rank's reply points).
+    outputs_reserved_ = false;
   }
   if (fd >= 0) close(fd);
   int ok = error.empty() ? 1 : 0;
@@ -155,15 +202,15 @@ void ShmChannel::map_all(const CommImpl& comm, double timeout_s) {
   maps_.resize(size_);
   for (int r = 0; r < size_ && ok && *std::min_element(oks.begin(), oks.end()); ++r) {
     const int pfd = shm_open(name(r).c_str(), O_RDWR, 0600);
-    void* p =
-        pfd < 0 ? MAP_FAILED : mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+    void* p = pfd < 0 ? MAP_FAILED
+                      : mmap(nullptr, segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
     if (pfd >= 0) close(pfd);
     if (p == MAP_FAILED) {
       error = "mapping rank " + std::to_string(r) + "'s segment failed: " + std::strerror(errno);
       ok = 0;
       break;
     }
-    maps_[r] = {static_cast<std::byte*>(p), bytes_};
+    maps_[r] = {static_cast<std::byte*>(p), segment_bytes()};
   }
   if (ok) std::memset(maps_[rank_].base, 0, control_bytes(size_));  // counters start at 0
   allgather(comm, &ok, oks.data(), sizeof ok, timeout_s, kFn);
@@ -174,6 +221,8 @@ void ShmChannel::map_all(const CommImpl& comm, double timeout_s) {
     maps_.clear();
     DSK_FAIL(kFn, error.empty() ? "another rank could not set up its shared memory" : error);
   }
+  own_ = std::shared_ptr<std::byte>(maps_[rank_].base,
+                                    [bytes = segment_bytes()](std::byte* p) { munmap(p, bytes); });
 }
 
 // One exchange in flight on a ShmChannel; poll() moves whatever is ready.
@@ -200,6 +249,9 @@ class ShmExchange final : public Exchange {
     header_read_.assign(R_, false);
     ring_free_.assign(R_, false);
     held_.resize(R_);
+    rows_to_.assign(R_, nullptr);
+    reply_read_.assign(R_, spec.direct_row_bytes == 0);
+    rows_from_.assign(R_, false);
   }
 
   bool has_headers() const override { return headers_left_ == 0; }
@@ -258,8 +310,53 @@ class ShmExchange final : public Exchange {
     if (headers_left_ == 0) {
       spec_.on_headers();
       for (int s = 0; s < R_; ++s) recv_total_[s] = chunks_of(spec_.recv_records[s]);
+      if (spec_.direct_row_bytes > 0) reply_with_destinations();
     }
     return moved;
+  }
+
+  // Tells every sender where its rows go in this rank's outputs (or that they travel in the
+  // records); this rank's own rows are written there directly.
+  void reply_with_destinations() {
+    const int me = ch_.rank_;
+    for (int s = 0; s < R_; ++s) {
+      std::byte* dest = spec_.direct_dest(s);
+      const uint64_t offset = ch_.output_offset(dest);
+      rows_from_[s] = offset != 0;
+      if (s == me) {
+        rows_to_[me] = offset != 0 ? dest : nullptr;
+        continue;
+      }
+      __atomic_store_n(ch_.counter(me, s, 5), offset, __ATOMIC_RELAXED);
+      store_release(ch_.counter(me, s, 4), seq_);
+    }
+  }
+
+  // Sender side: whether d's reply for this exchange arrived (then rows_to_[d] is set).
+  bool has_reply(int d) {
+    if (reply_read_[d]) return true;
+    if (load_acquire(ch_.counter(d, ch_.rank_, 4)) < seq_) return false;
+    const uint64_t offset = __atomic_load_n(ch_.counter(d, ch_.rank_, 5), __ATOMIC_RELAXED);
+    rows_to_[d] = offset != 0 ? ch_.maps_[d].base + (offset - 1) : nullptr;
+    reply_read_[d] = true;
+    return true;
+  }
+
+  // Packs records [first, first + n) for d at dst, their rows straight to d's output if d has one.
+  void pack(int d, int64_t first, int64_t n, std::byte* dst) {
+    if (rows_to_[d] != nullptr) {
+      spec_.pack_direct(d, first, n, dst,
+                        rows_to_[d] + static_cast<size_t>(first) * spec_.direct_row_bytes);
+    } else {
+      spec_.pack(d, first, n, dst);
+    }
+  }
+  void unpack(int s, int64_t first, int64_t n, const std::byte* src) {
+    if (rows_from_[s]) {
+      spec_.unpack_direct(s, first, n, src);
+    } else {
+      spec_.unpack(s, first, n, src);
+    }
   }
 
   // One chunk of this rank's records to itself, through a buffer of this process (in the
@@ -275,13 +372,13 @@ class ShmExchange final : public Exchange {
     buffer.resize(slot_bytes_);
     const int64_t first = sent_[me] * per_chunk_;
     const int64_t n = std::min(per_chunk_, spec_.send_records[me] - first);
-    spec_.pack(me, first, n, buffer.data());
+    pack(me, first, n, buffer.data());
     if (spec_.hold) {
       spec_.hold(me, first, n, buffer.data());
       held_[me].push_back(first + n);
       self_held_.push_back(std::move(buffer));
     } else {
-      spec_.unpack(me, first, n, buffer.data());
+      unpack(me, first, n, buffer.data());
       spare_.push_back(std::move(buffer));
     }
     ++sent_[me];
@@ -296,11 +393,12 @@ class ShmExchange final : public Exchange {
     // The ring's geometry is this exchange's: wait until d took the earlier exchanges' chunks.
     if (!ring_free_[d] && sent_[d] < send_total_[d])
       ring_free_[d] = load_acquire(ch_.counter(ch_.rank_, d, 3)) == posted;
+    if (sent_[d] < send_total_[d] && !has_reply(d)) return false;
     while (ring_free_[d] && sent_[d] < send_total_[d] &&
            posted - load_acquire(ch_.counter(ch_.rank_, d, 3)) < slots_) {
       const int64_t first = sent_[d] * per_chunk_;
       const int64_t n = std::min(per_chunk_, spec_.send_records[d] - first);
-      spec_.pack(d, first, n, ch_.slot(ch_.rank_, d, posted, slots_, slot_bytes_));
+      pack(d, first, n, ch_.slot(ch_.rank_, d, posted, slots_, slot_bytes_));
       store_release(ch_.counter(ch_.rank_, d, 2), ++posted);
       ++sent_[d];
       moved = true;
@@ -319,7 +417,7 @@ class ShmExchange final : public Exchange {
         spec_.hold(s, first, n, src);
         held_[s].push_back(first + n);
       } else {
-        spec_.unpack(s, first, n, src);
+        unpack(s, first, n, src);
         store_release(ch_.counter(s, ch_.rank_, 3), ++ch_.taken_[s]);
       }
       ++got_[s];
@@ -358,6 +456,10 @@ class ShmExchange final : public Exchange {
   bool moved_ = false;
   std::vector<bool> header_posted_, header_read_;
   std::vector<bool> ring_free_;  // per receiver: no earlier exchange's chunk is left in its ring
+  // Direct rows: per receiver, where its rows go (null: in the records) and whether its reply
+  // was read; per sender, whether its rows land directly.
+  std::vector<std::byte*> rows_to_;
+  std::vector<bool> reply_read_, rows_from_;
   // Per sender: the end (in records) of each chunk held, oldest first (hold mode).
   std::vector<std::deque<int64_t>> held_;
   std::deque<std::vector<std::byte>> self_held_;  // buffers of the held chunks to this rank
@@ -372,8 +474,8 @@ std::unique_ptr<Exchange> ShmChannel::start(ExchangeSpec& spec, const char* fn) 
 }  // namespace
 
 std::unique_ptr<Channel> make_shm_channel(const CommImpl& comm, int64_t num_bytes,
-                                          double timeout_s) {
-  return std::make_unique<ShmChannel>(comm, num_bytes, timeout_s);
+                                          size_t output_block_bytes, double timeout_s) {
+  return std::make_unique<ShmChannel>(comm, num_bytes, output_block_bytes, timeout_s);
 }
 
 }  // namespace dsk::ep::detail

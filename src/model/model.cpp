@@ -374,7 +374,7 @@ int64_t Model::Impl::workspace_bytes() const {
 void Model::Impl::plan_memory(const Options& options) {
   budget.weights = weight_bytes();
   budget.workspace = workspace_bytes();
-  budget.communication = ep_buffer ? ep_buffer->num_bytes() : 0;
+  budget.communication = ep_buffer ? ep_buffer->num_bytes() + ep_buffer->output_bytes() : 0;
   const int64_t fixed = budget.weights + budget.workspace;
   budget.reserve = std::max<int64_t>(int64_t{64} << 20, fixed / 20);
   const int64_t page_bytes = KvCache::page_bytes(config.n_layers);

@@ -279,6 +279,34 @@ TEST_P(EpTest, WideRowsStreamThroughManyChunksInFlight) {
   }
 }
 
+// On shared memory a dispatch's rows are written by the senders into the receiver's output when
+// one of its two shared output blocks is free, and travel in the records otherwise. Rank 0 holds
+// one result more than the others, so in the third dispatch rank 0 has no free block and
+// receives through the records while the other ranks receive directly. Every result equals the
+// reference, and stays readable after the buffer is gone.
+TEST_P(EpTest, DispatchResultsOutliveEachOtherAndTheBuffer) {
+  auto buffer = make_buffer();
+  std::vector<DispatchResult> kept;
+  std::vector<RefDispatch> refs;
+  for (int i = 0; i < 4; ++i) {
+    const auto [T, x, topk, w] = make_tokens();
+    DispatchResult d = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
+    refs.push_back(ref_dispatch(x, nullptr, topk, &w, E()));
+    ASSERT_EQ(d.recv_x.size(0), refs.back().n);
+    ASSERT_EQ(std::memcmp(d.recv_x.data_ptr(), refs.back().x.data(), refs.back().x.size()), 0)
+        << "dispatch " << i;
+    const bool keep = i == 1 || i == 2 || (i == 0 && me() == 0);
+    kept.push_back(keep ? d : DispatchResult{});
+  }
+  buffer->destroy();
+  buffer.reset();
+  for (int i = 0; i < 4; ++i) {
+    if (!kept[i].recv_x.defined()) continue;
+    EXPECT_EQ(std::memcmp(kept[i].recv_x.data_ptr(), refs[i].x.data(), refs[i].x.size()), 0)
+        << "dispatch " << i << " after the buffer is gone";
+  }
+}
+
 TEST_P(EpTest, ExpandModeBlocksAreAlignedAndZeroPadded) {
   auto buffer = make_buffer();
   const auto [T, x, topk, w] = make_tokens();
