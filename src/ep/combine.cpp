@@ -387,6 +387,25 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
   spec.pack = [self](int d, int64_t first, int64_t n, std::byte* dst) {
     self->pack(d, first, n, dst);
   };
+  if (!plan.expand) {
+    // A partial record is a row of x and its weights: the rows for rank d are x's rows
+    // [recv_offset[d], + recv_count[d]), which MPI channels send from x itself.
+    spec.direct_row_bytes = op->row_bytes;
+    spec.direct_dest = [](int) { return nullptr; };  // rows are summed, so they land in records
+    spec.direct_src = [self](int d, int64_t i) {
+      return reinterpret_cast<const std::byte*>(self->c.x +
+                                                (self->plan->recv_offset[d] + i) * self->c.H);
+    };
+    spec.pack_direct = [self](int d, int64_t first, int64_t n, std::byte* dst, std::byte* rows) {
+      const int64_t H = self->c.H, K = self->c.K;
+      for (int64_t i = 0; i < n; ++i, dst += self->spec.record_bytes) {
+        const int64_t row = self->plan->recv_offset[d] + first + i;
+        if (rows) std::memcpy(rows + i * self->row_bytes, self->c.x + row * H, self->row_bytes);
+        if (self->c.weights)
+          std::memcpy(dst + self->row_bytes, self->c.weights + row * K, self->w_bytes);
+      }
+    };
+  }
   spec.on_headers = [self, R, rank, expected = std::move(expected)] {
     ExchangeSpec& sp = self->spec;
     check_signatures(sp, R, rank, kFn);

@@ -24,6 +24,7 @@ int64_t align_to(int64_t x, int64_t a) {
 }
 
 // Byte offsets of the parts of one record.
+// The row comes first (x = 0), as ExchangeSpec's direct rows require.
 struct RecordLayout {
   size_t x = 0, sf = 0, ids = 0, weights = 0, src = 0, bytes = 0;
   size_t x_bytes = 0, sf_bytes = 0, ids_bytes = 0, weights_bytes = 0;
@@ -282,7 +283,7 @@ void Receiver::on_headers(ExchangeSpec& spec) {
 }
 
 std::byte* Receiver::direct_dest(int s) {
-  if (!shared_x) return nullptr;
+  if (overflow || !recv_x.defined()) return nullptr;
   return static_cast<std::byte*>(recv_x.data_ptr()) + plan->recv_offset[s] * rec.x_bytes;
 }
 
@@ -473,14 +474,17 @@ DispatchResult run_dispatch(BufferImpl& b, const Tensor& x, const Tensor* x_sf,
   // The callbacks may run on the communication thread: they reach everything through `self`,
   // which the operation owns.
   DispatchOp* self = op.get();
-  // rows: where the records' rows go (direct rows), or null for "in the records".
-  auto pack = [self](int d, int64_t first, int64_t n, std::byte* dst, std::byte* rows) {
+  // rows: where the records' rows go (direct rows), or null for "in the records" (in_record)
+  // or "not at all" (the channel moves them).
+  auto pack = [self](int d, int64_t first, int64_t n, std::byte* dst, std::byte* rows,
+                     bool in_record) {
     const RecordLayout& rec = self->recv.rec;
     const Inputs& in = self->in;
     const Plan& plan = *self->plan;
     for (int64_t i = 0; i < n; ++i, dst += rec.bytes) {
       const int32_t t = plan.send_list[d][first + i];
-      std::memcpy(rows ? rows + i * rec.x_bytes : dst + rec.x, in.x + t * in.x_row, rec.x_bytes);
+      if (rows || in_record)
+        std::memcpy(rows ? rows + i * rec.x_bytes : dst + rec.x, in.x + t * in.x_row, rec.x_bytes);
       if (rec.sf_bytes) std::memcpy(dst + rec.sf, in.sf + t * in.sf_row, rec.sf_bytes);
       if (rec.ids_bytes) std::memcpy(dst + rec.ids, plan.topk.data() + t * in.K, rec.ids_bytes);
       if (rec.weights_bytes)
@@ -489,7 +493,7 @@ DispatchResult run_dispatch(BufferImpl& b, const Tensor& x, const Tensor* x_sf,
     }
   };
   spec.pack = [pack](int d, int64_t first, int64_t n, std::byte* dst) {
-    pack(d, first, n, dst, nullptr);
+    pack(d, first, n, dst, nullptr, true);
   };
   spec.on_headers = [self] { self->recv.on_headers(self->spec); };
   spec.unpack = [self](int s, int64_t first, int64_t n, const std::byte* src) {
@@ -498,7 +502,12 @@ DispatchResult run_dispatch(BufferImpl& b, const Tensor& x, const Tensor* x_sf,
   if (!in.expand) {
     spec.direct_row_bytes = recv.rec.x_bytes;
     spec.direct_dest = [self](int s) { return self->recv.direct_dest(s); };
-    spec.pack_direct = pack;
+    spec.direct_src = [self](int d, int64_t i) {
+      return self->in.x + self->plan->send_list[d][i] * self->in.x_row;
+    };
+    spec.pack_direct = [pack](int d, int64_t first, int64_t n, std::byte* dst, std::byte* rows) {
+      pack(d, first, n, dst, rows, false);
+    };
     spec.unpack_direct = [self](int s, int64_t first, int64_t n, const std::byte* src) {
       self->recv.unpack(s, first, n, src, true);
     };

@@ -88,14 +88,20 @@ struct ExchangeSpec {
   // them, so the receiver can use them in place, in an order of its own.
   std::function<void(int peer, int64_t first, int64_t n, const std::byte* src)> hold;
   std::function<int64_t(int peer)> released;
-  // Optional, on channels with shared outputs: each record carries a row of direct_row_bytes
-  // that may be written straight into the receiver's output instead of travelling in the record.
-  // direct_dest (receiver, after on_headers): where row 0 of `peer`'s records goes, in memory of
-  // Channel::shared_output, or null for "in the records". pack_direct writes records
-  // [first, first + n) to dst but their rows to rows (row i at rows + i * direct_row_bytes);
-  // unpack_direct reads such records, whose rows already landed.
+  // Optional direct rows: each record starts with a row of direct_row_bytes that a channel may
+  // move by itself, from the sender's memory straight into the receiver's output, instead of in
+  // the record.
+  // - direct_dest (receiver, after on_headers): where row 0 of `peer`'s records goes (rows
+  //   contiguous), or null for "in the records". The shared-memory channel uses it only inside
+  //   Channel::shared_output memory.
+  // - direct_src (sender): the row of record i to `peer` (MPI channels gather rows from there).
+  // - pack_direct writes records [first, first + n) to dst without their rows, and writes the
+  //   rows to `rows` (row i at rows + i * direct_row_bytes) unless rows is null (the channel
+  //   moves them).
+  // - unpack_direct reads records whose rows went to direct_dest.
   size_t direct_row_bytes = 0;
   std::function<std::byte*(int peer)> direct_dest;
+  std::function<const std::byte*(int peer, int64_t i)> direct_src;
   std::function<void(int peer, int64_t first, int64_t n, std::byte* dst, std::byte* rows)>
       pack_direct;
   std::function<void(int peer, int64_t first, int64_t n, const std::byte* src)> unpack_direct;
