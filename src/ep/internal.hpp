@@ -143,7 +143,7 @@ void drive(Exchange& exchange, double timeout_s, const char* fn, bool until_head
 inline constexpr int kMaxLocalExperts = 1024;
 inline constexpr int kMaxTopk = 32;
 // What Transport::mpi means: the faster MPI variant in dsk bench ep (docs/ep.md).
-inline constexpr Transport kDefaultMpiTransport = Transport::mpi_one_sided;
+inline constexpr Transport kDefaultMpiTransport = Transport::mpi_alltoallv;
 size_t header_capacity(int num_ranks);
 size_t control_bytes(int num_ranks);
 size_t align_up(size_t x, size_t a);
