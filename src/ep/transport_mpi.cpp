@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstring>
 
 #include <dsk/core/error.hpp>
 
@@ -199,7 +200,13 @@ class MpiExchange final : public Exchange {
       MPI_Type_commit(out);
     };
     rows_to_.assign(R_, nullptr);
+    int me = 0;
+    MPI_Comm_rank(comm_, &me);
     for (int r = 0; r < R_; ++r) {
+      if (r == me) {  // copied below, after the messages are posted
+        if (recv_counts_[r] > 0) rows_to_[r] = spec_.direct_dest ? spec_.direct_dest(r) : nullptr;
+        continue;
+      }
       if (send_counts_[r] > 0) {
         at.resize(static_cast<size_t>(send_counts_[r]));
         for (int i = 0; i < send_counts_[r]; ++i) MPI_Get_address(spec_.direct_src(r, i), &at[i]);
@@ -246,6 +253,13 @@ class MpiExchange final : public Exchange {
       }
     }
     rows_types_.push_back(row_type);
+    // This rank's rows to itself: one copy each, where the peer MPI_Alltoallv also copies once.
+    for (int i = 0; i < recv_counts_[me]; ++i) {
+      std::byte* dst = rows_to_[me] != nullptr
+                           ? rows_to_[me] + static_cast<size_t>(i) * row
+                           : recv_buf_.data() + static_cast<size_t>(recv_displs_[me] + i) * rb;
+      std::memcpy(dst, spec_.direct_src(me, i), row);
+    }
   }
 
   MPI_Comm comm_;

@@ -192,11 +192,8 @@ TEST_P(EpTest, CombineOfIdentityExpertsIsXTimesRanksPlusBias) {
         ASSERT_EQ(c.combined_x.at<bf16>({t, h}).bits, f32_to_bf16(acc).bits)
             << "token " << t << " channel " << h << " biases " << nbias;
       }
-      for (int k = 0; k < kTopk; ++k) {
-        const float expect = topk.at<int64_t>({t, k}) >= 0 ? w.at<float>({t, k}) : 0.0f;
-        ASSERT_EQ(c.combined_topk_weights->at<float>({t, k}), expect);
-      }
     }
+    expect_combined_weights(c, topk, w);
   }
 }
 
@@ -206,29 +203,13 @@ TEST_P(EpTest, CombineFollowsTheUpstreamReductionOrder) {
   auto buffer = make_buffer();
   const auto [T, x, topk, w] = make_tokens(0.25);
   const DispatchResult d = buffer->dispatch(x, {.topk_idx = topk});
-  const int64_t N = d.recv_x.size(0);
-  Tensor y = Tensor::empty({N, kHidden}, DType::bf16);
-  for (int64_t row = 0; row < N; ++row)
-    for (int64_t h = 0; h < kHidden; ++h)
-      y.at<bf16>({row, h}) =
-          f32_to_bf16(combine_value(d.handle.recv_src_metadata.at<int32_t>({row, 0}), me(), h));
   const Tensor bias = random_bf16(T, kHidden, rng);
-  const CombineResult c = buffer->combine(y, d.handle, {.bias = {bias}});
-  const int El = E() / R();
+  const CombineResult c =
+      buffer->combine(answer_rows(d, kHidden, me()), d.handle, {.bias = {bias}});
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t gid = me() * kTmax + t;
     for (int64_t h = 0; h < kHidden; ++h) {
-      float acc = bf16_to_f32(bias.at<bf16>({t, h}));
-      for (int k = 0; k < kTopk; ++k) {
-        const int64_t e = topk.at<int64_t>({t, k});
-        if (e < 0) continue;
-        bool last = true;
-        for (int j = k + 1; j < kTopk; ++j) {
-          const int64_t f = topk.at<int64_t>({t, j});
-          last = last && !(f >= 0 && f / El == e / El);
-        }
-        if (last) acc += combine_value(gid, static_cast<int>(e / El), h);
-      }
+      const float acc = upstream_order_sum(topk, t, El(), me() * kTmax + t, h,
+                                           bf16_to_f32(bias.at<bf16>({t, h})));
       ASSERT_EQ(c.combined_x.at<bf16>({t, h}).bits, f32_to_bf16(acc).bits) << t << "," << h;
     }
   }
@@ -246,36 +227,18 @@ TEST_P(EpTest, WideRowsStreamThroughManyChunksInFlight) {
     const RefDispatch ref = ref_dispatch(x, nullptr, topk, &w, E());
     ASSERT_EQ(d.recv_x.size(0), ref.n);
     ASSERT_EQ(std::memcmp(d.recv_x.data_ptr(), ref.x.data(), ref.x.size()), 0) << round;
-    const int64_t N = d.recv_x.size(0);
-    Tensor y = Tensor::empty({N, kWide}, DType::bf16);
-    for (int64_t row = 0; row < N; ++row)
-      for (int64_t h = 0; h < kWide; ++h)
-        y.at<bf16>({row, h}) =
-            f32_to_bf16(combine_value(d.handle.recv_src_metadata.at<int32_t>({row, 0}), me(), h));
     const Tensor bias = random_bf16(T, kWide, rng);
-    const CombineResult c =
-        buffer->combine(y, d.handle, {.topk_weights = *d.recv_topk_weights, .bias = {bias}});
+    const CombineResult c = buffer->combine(answer_rows(d, kWide, me()), d.handle,
+                                            {.topk_weights = *d.recv_topk_weights, .bias = {bias}});
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t gid = me() * kTmax + t;
       for (int64_t h = 0; h < kWide; ++h) {
-        float acc = bf16_to_f32(bias.at<bf16>({t, h}));
-        for (int k = 0; k < kTopk; ++k) {
-          const int64_t e = topk.at<int64_t>({t, k});
-          bool last = e >= 0;
-          for (int j = k + 1; j < kTopk && last; ++j) {
-            const int64_t f = topk.at<int64_t>({t, j});
-            last = !(f >= 0 && f / El() == e / El());
-          }
-          if (last) acc += combine_value(gid, static_cast<int>(e / El()), h);
-        }
+        const float acc = upstream_order_sum(topk, t, El(), me() * kTmax + t, h,
+                                             bf16_to_f32(bias.at<bf16>({t, h})));
         ASSERT_EQ(c.combined_x.at<bf16>({t, h}).bits, f32_to_bf16(acc).bits)
             << "round " << round << " token " << t << " channel " << h;
       }
-      for (int k = 0; k < kTopk; ++k) {
-        const float expect = topk.at<int64_t>({t, k}) >= 0 ? w.at<float>({t, k}) : 0.0f;
-        ASSERT_EQ(c.combined_topk_weights->at<float>({t, k}), expect);
-      }
     }
+    expect_combined_weights(c, topk, w);
   }
 }
 

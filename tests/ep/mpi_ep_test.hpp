@@ -157,6 +157,46 @@ inline float combine_value(int64_t gid, int tag, int64_t h) {
                            0.01f * static_cast<float>(h))));
 }
 
+// The expert outputs of the upstream-order tests: every row a rank received answers with
+// combine_value(its global source id, the rank).
+inline Tensor answer_rows(const DispatchResult& d, int64_t H, int rank) {
+  const int64_t N = d.recv_x.size(0);
+  Tensor y = Tensor::empty({N, H}, DType::bf16);
+  for (int64_t row = 0; row < N; ++row)
+    for (int64_t h = 0; h < H; ++h)
+      y.at<bf16>({row, h}) =
+          f32_to_bf16(combine_value(d.handle.recv_src_metadata.at<int32_t>({row, 0}), rank, h));
+  return y;
+}
+
+// refs.py's combine of token t (global id gid) of those answers, channel h: `start` (the bias),
+// then each rank's answer at that rank's last top-k slot, in slot order.
+inline float upstream_order_sum(const Tensor& topk, int64_t t, int El, int64_t gid, int64_t h,
+                                float start) {
+  const int64_t K = topk.size(1);
+  float acc = start;
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t e = topk.at<int64_t>({t, k});
+    bool last = e >= 0;
+    for (int64_t j = k + 1; j < K && last; ++j) {
+      const int64_t f = topk.at<int64_t>({t, j});
+      last = !(f >= 0 && f / El == e / El);
+    }
+    if (last) acc += combine_value(gid, static_cast<int>(e / El), h);
+  }
+  return acc;
+}
+
+// The combined top-k weights: the dispatched weight where the slot was routed, else 0.
+inline void expect_combined_weights(const CombineResult& c, const Tensor& topk, const Tensor& w) {
+  for (int64_t t = 0; t < topk.size(0); ++t) {
+    for (int64_t k = 0; k < topk.size(1); ++k) {
+      const float expect = topk.at<int64_t>({t, k}) >= 0 ? w.at<float>({t, k}) : 0.0f;
+      ASSERT_EQ(c.combined_topk_weights->at<float>({t, k}), expect) << t << "," << k;
+    }
+  }
+}
+
 inline uint64_t hash_bytes(const void* p, size_t n, uint64_t h = 1469598103934665603ull) {
   const auto* b = static_cast<const unsigned char*>(p);
   for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
