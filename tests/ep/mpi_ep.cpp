@@ -215,11 +215,11 @@ TEST_P(EpTest, CombineFollowsTheUpstreamReductionOrder) {
   }
 }
 
-// Rows of 16 KB: on shared memory each exchange streams through many ring chunks with several in
+// Rows of 8 KB: on shared memory each exchange streams through several ring chunks with several in
 // flight, and the ring changes geometry between a dispatch and a combine (their records differ).
 // Twice, so the second round starts on a ring the first one left.
 TEST_P(EpTest, WideRowsStreamThroughManyChunksInFlight) {
-  constexpr int64_t kWide = 8192;
+  constexpr int64_t kWide = 4096;
   auto buffer = make_buffer(false, kWide);
   for (int round = 0; round < 2; ++round) {
     const auto [T, x, topk, w] = make_tokens(0.1, kWide);
