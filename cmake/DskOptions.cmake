@@ -17,6 +17,10 @@ endif()
 set(DSK_AVX512_FLAGS -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512cd
                      -mavx512bf16 -mavx512vnni -mavx512vbmi)
 set(DSK_AMX_FLAGS ${DSK_AVX512_FLAGS} -mamx-tile -mamx-bf16 -mamx-int8)
+# The same flags, space-separated, for the JIT (src/jit/compiler.cpp): an avx512 or amx kernel is
+# compiled with its ISA's flags on top of -march=native, so it builds on any x86-64 host.
+string(JOIN " " DSK_JIT_AVX512_FLAGS ${DSK_AVX512_FLAGS})
+string(JOIN " " DSK_JIT_AMX_FLAGS ${DSK_AMX_FLAGS})
 
 set(DSK_SANITIZER_FLAGS "")
 if(DSK_SANITIZE STREQUAL "address")
@@ -42,18 +46,31 @@ if(DSK_SANITIZE MATCHES "address")
   set(DSK_GENERIC_KERNEL_FLAGS -fno-sanitize-address-use-after-scope)
 endif()
 
-# Gives every *_avx512.cpp / *_amx.cpp in the list its ISA flags (and *_generic.cpp the flags
-# above).
-function(dsk_isa_sources)
+# dsk_isa_sources(<out-var> <sources...>): gives every *_avx512.cpp / *_amx.cpp its ISA flags (and
+# *_generic.cpp the flags above), and sets <out-var> to the sources with the ISA files last.
+# NOTES: an inline function or template the library does not put in its DSK_TILE_ABI namespace
+# (std::mt19937_64::_M_gen_rand, std::vector's members, a test helper) is compiled in every
+# translation unit that uses it, AVX-512 ones included, and the linker keeps the first copy in
+# link order. Baseline files first make that copy the baseline one, so it cannot raise SIGILL on
+# a CPU without AVX-512 (seen: a generic test died in an AVX-512 mt19937_64 on an AMD Zen 3).
+function(dsk_isa_sources out)
+  set(baseline "")
+  set(isa "")
   foreach(src IN LISTS ARGN)
     if(src MATCHES "_amx\\.cpp$")
       set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "${DSK_AMX_FLAGS}")
+      list(APPEND isa ${src})
     elseif(src MATCHES "_avx512\\.cpp$")
       set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "${DSK_AVX512_FLAGS}")
-    elseif(src MATCHES "_generic\\.cpp$" AND DSK_GENERIC_KERNEL_FLAGS)
-      set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "${DSK_GENERIC_KERNEL_FLAGS}")
+      list(APPEND isa ${src})
+    else()
+      if(src MATCHES "_generic\\.cpp$" AND DSK_GENERIC_KERNEL_FLAGS)
+        set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "${DSK_GENERIC_KERNEL_FLAGS}")
+      endif()
+      list(APPEND baseline ${src})
     endif()
   endforeach()
+  set(${out} ${baseline} ${isa} PARENT_SCOPE)
 endfunction()
 
 # The flags the library is built with, as `dsk env` reports them.

@@ -33,7 +33,7 @@ struct KernelSource {
   std::string header;         // "dsk/kernels/...": the kernel template's header
   std::string instantiation;  // the instantiated function template, fully qualified
   std::string args_type;      // the kernel's argument struct, fully qualified
-  Backend isa = Backend::generic;    // amx adds -mamx-tile -mamx-bf16 -mamx-int8
+  Backend isa = Backend::generic;    // avx512 / amx add their ISA flags (docs/jit.md)
   std::string dependency_signature;  // anything else the kernel's code depends on
 };
 

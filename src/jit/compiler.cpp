@@ -143,7 +143,13 @@ std::vector<std::string> effective_flags(const Settings& settings, Backend isa) 
   std::vector<std::string> flags = {
       "-O3",     "-march=native",       "-std=c++20", "-fPIC", "-ffp-contract=off",
       "-shared", "-fvisibility=hidden", "-Wl,-z,defs"};
-  if (isa == Backend::amx) flags.insert(flags.end(), {"-mamx-tile", "-mamx-bf16", "-mamx-int8"});
+  // The ISA's own flags (cmake/DskOptions.cmake), so that an avx512 or amx kernel compiles where
+  // -march=native lacks them (tests and `dsk jit warmup` build such kernels on any host).
+  const std::vector<std::string> isa_flags =
+      split_words(isa == Backend::amx      ? DSK_JIT_AMX_FLAGS
+                  : isa == Backend::avx512 ? DSK_JIT_AVX512_FLAGS
+                                           : "");
+  flags.insert(flags.end(), isa_flags.begin(), isa_flags.end());
   flags.insert(flags.end(), settings.user_flags.begin(), settings.user_flags.end());
   return flags;
 }

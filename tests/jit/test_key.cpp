@@ -139,9 +139,22 @@ TEST_F(JitKey, FlagsSignatureIsaAndModuleChangeTheKey) {
   amx.isa = Backend::amx;
   const CacheKey amx_key = cache_key(amx);
   EXPECT_NE(amx_key.digest, base);
-  for (const char* flag : {"-mamx-tile", "-mamx-bf16", "-mamx-int8", "-march=native"})
-    EXPECT_NE(std::find(amx_key.flags.begin(), amx_key.flags.end(), flag), amx_key.flags.end())
-        << flag;
+  auto has = [](const CacheKey& key, const char* flag) {
+    return std::find(key.flags.begin(), key.flags.end(), flag) != key.flags.end();
+  };
+  // The ISA's flags come on top of -march=native, which lacks them on hosts without AVX-512.
+  for (const char* flag :
+       {"-mamx-tile", "-mamx-bf16", "-mamx-int8", "-mavx512f", "-mavx512bf16", "-march=native"})
+    EXPECT_TRUE(has(amx_key, flag)) << flag;
+  KernelSource avx512 = s;
+  avx512.isa = Backend::avx512;
+  const CacheKey avx512_key = cache_key(avx512);
+  EXPECT_NE(avx512_key.digest, base);
+  EXPECT_NE(avx512_key.digest, amx_key.digest);
+  for (const char* flag : {"-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx512vnni", "-mfma"})
+    EXPECT_TRUE(has(avx512_key, flag)) << flag;
+  EXPECT_FALSE(has(avx512_key, "-mamx-tile"));
+  EXPECT_FALSE(has(cache_key(s), "-mavx512f")) << "a generic kernel gets -march=native only";
 
   // DSK_<MODULE>_JIT_FLAGS overrides DSK_JIT_FLAGS for that module only.
   KernelSource in_module = s;

@@ -3,12 +3,32 @@
 // checked here; the AVX-512 one gives the same bits (the per-op backend tests compare them).
 #include <cmath>
 #include <limits>
+#include <random>
+#include <vector>
 
 #include <dsk/kernels/tk/math.hpp>
 
 #include "tk/tk_test.hpp"
 
 namespace dsk::tk::kernels {
+
+// Inputs: an even sweep of [-110, 100] (exp overflows above 88.72 and is subnormal below -87.3),
+// random bit patterns of that range, and the special values.
+std::vector<float> math_inputs() {
+  std::vector<float> x;
+  for (int i = 0; i < (1 << 16); ++i)
+    x.push_back(-110.0f + 210.0f * static_cast<float>(i) / (1 << 16));
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-110.0f, 100.0f);
+  for (int i = 0; i < (1 << 14); ++i) x.push_back(u(rng));
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  for (float v : {0.0f, -0.0f, inf, -inf, NAN, -NAN, 1e-45f, -1e-45f, 88.72283f, 88.72284f,
+                  -87.33654f, -103.97f, -104.0f, 104.0f, -88.75f, 88.75f})
+    x.push_back(v);
+  while (x.size() % 16 != 0) x.push_back(1.0f);
+  return x;
+}
+
 namespace {
 
 using S = Simd<tile::generic_t>;
@@ -107,6 +127,24 @@ TEST(TkMath, SpecialValues) {
   EXPECT_EQ(s[2], 1.0f);
   EXPECT_EQ(s[3], 0.0f);
   EXPECT_EQ(s[0], 0.5f);
+}
+
+// The e^-x form negates n, r and the odd coefficients instead of x: the same bits as exp(-x).
+TEST(TkMath, NegatedExpIsExpOfTheNegation) {
+  const std::vector<float> x = math_inputs();
+  for (size_t i = 0; i < x.size(); i += 16) {
+    alignas(64) float neg[16], direct[16];
+    const auto v = S::load(x.data() + i);
+    S::store(neg, exp<S, true, -1>(v));
+    S::store(direct, exp<S>(S::sub(S::zero(), v)));
+    for (int j = 0; j < 16; ++j) {
+      if (std::isnan(x[i + j])) {
+        EXPECT_TRUE(std::isnan(neg[j]) && std::isnan(direct[j]));
+        continue;
+      }
+      ASSERT_EQ(numeric::bits_of(neg[j]), numeric::bits_of(direct[j])) << "x = " << x[i + j];
+    }
+  }
 }
 
 }  // namespace
