@@ -17,6 +17,10 @@ endif()
 set(DSK_AVX512_FLAGS -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512cd
                      -mavx512bf16 -mavx512vnni -mavx512vbmi)
 set(DSK_AMX_FLAGS ${DSK_AVX512_FLAGS} -mamx-tile -mamx-bf16 -mamx-int8)
+# *_avx2.cpp: the portable (generic_t) code of a kernel compiled for AVX2 hosts without the
+# avx512 backend (AMD Zen 2/3, Intel before Sapphire Rapids); -ffp-contract=off keeps its bits
+# those of the baseline build.
+set(DSK_AVX2_FLAGS -mavx2 -mfma -mf16c)  # what dsk::cpu_features() checks before using them
 # The same flags, space-separated, for the JIT (src/jit/compiler.cpp): an avx512 or amx kernel is
 # compiled with its ISA's flags on top of -march=native, so it builds on any x86-64 host.
 string(JOIN " " DSK_JIT_AVX512_FLAGS ${DSK_AVX512_FLAGS})
@@ -46,8 +50,9 @@ if(DSK_SANITIZE MATCHES "address")
   set(DSK_GENERIC_KERNEL_FLAGS -fno-sanitize-address-use-after-scope)
 endif()
 
-# dsk_isa_sources(<out-var> <sources...>): gives every *_avx512.cpp / *_amx.cpp its ISA flags (and
-# *_generic.cpp the flags above), and sets <out-var> to the sources with the ISA files last.
+# dsk_isa_sources(<out-var> <sources...>): gives every *_avx2.cpp / *_avx512.cpp / *_amx.cpp its
+# ISA flags (and *_generic.cpp the flags above), and sets <out-var> to the sources with the ISA
+# files last.
 # NOTES: an inline function or template the library does not put in its DSK_TILE_ABI namespace
 # (std::mt19937_64::_M_gen_rand, std::vector's members, a test helper) is compiled in every
 # translation unit that uses it, AVX-512 ones included, and the linker keeps the first copy in
@@ -62,6 +67,9 @@ function(dsk_isa_sources out)
       list(APPEND isa ${src})
     elseif(src MATCHES "_avx512\\.cpp$")
       set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "${DSK_AVX512_FLAGS}")
+      list(APPEND isa ${src})
+    elseif(src MATCHES "_avx2\\.cpp$")
+      set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "${DSK_AVX2_FLAGS}")
       list(APPEND isa ${src})
     else()
       if(src MATCHES "_generic\\.cpp$" AND DSK_GENERIC_KERNEL_FLAGS)

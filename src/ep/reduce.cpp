@@ -11,7 +11,9 @@ SumRowsFn sum_rows_generic() {
 }
 
 SumRowsFn sum_rows() {
-  return backend() == Backend::generic ? sum_rows_generic() : sum_rows_avx512();
+  if (backend() != Backend::generic) return sum_rows_avx512();
+  static const bool avx2 = cpu_features().avx2 && cpu_features().fma && cpu_features().f16c;
+  return avx2 ? sum_rows_generic_avx2() : sum_rows_generic();
 }
 
 }  // namespace dsk::ep::detail

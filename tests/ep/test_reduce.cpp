@@ -22,6 +22,7 @@ using RowsFn = void (*)(const bf16* const*, int, bool, int64_t, bf16*);
 }  // namespace
 
 RowsFn avx512_sum_rows_for_test();  // test_reduce_avx512.cpp
+RowsFn avx2_sum_rows_for_test();    // test_reduce_avx2.cpp: the generic code built for AVX2
 
 namespace {
 
@@ -76,6 +77,13 @@ void check_instance(RowsFn fn, const char* name) {
 
 TEST(EpReduce, GenericSumsInOrderWithOneRounding) {
   check_instance(&sum_bf16_rows<tile::generic_t>, "generic");
+}
+
+// The generic backend runs this build on AVX2 CPUs (src/ep/reduce_avx2.cpp).
+TEST(EpReduce, GenericBuiltForAvx2SumsInOrderWithOneRounding) {
+  if (!(cpu_features().avx2 && cpu_features().fma && cpu_features().f16c))
+    GTEST_SKIP() << "no AVX2 on this CPU";
+  check_instance(avx2_sum_rows_for_test(), "generic built for AVX2");
 }
 
 TEST(EpReduce, Avx512SumsInOrderWithOneRounding) {
