@@ -124,6 +124,8 @@ struct CombineOp final : Operation {
   // record belongs to (stream order), and how many of them no unreduced token reads.
   bool held = false;
   std::vector<std::vector<const std::byte*>> held_at;
+  std::vector<std::vector<const std::byte*>> held_row;  // each record's row (hold_rows), else
+                                                        // the record itself
   std::vector<int64_t> arrived;
   std::vector<std::vector<int32_t>> record_token;
   std::vector<int64_t> released;
@@ -138,8 +140,15 @@ struct CombineOp final : Operation {
     return static_cast<const std::byte*>(stage.data_ptr()) +
            static_cast<size_t>(stage_offset[r] + index) * spec.record_bytes;
   }
+  const std::byte* staged_row(int r, int64_t index) const {
+    return held ? held_row[r][index] : staged(r, index);
+  }
+  // Token t's record from rank r (its weights follow the row's room) and its row.
   const std::byte* record(int r, int64_t t) const {
     return staged(r, plan->send_pos[t * plan->num_ranks + r]);
+  }
+  const std::byte* row(int r, int64_t t) const {
+    return staged_row(r, plan->send_pos[t * plan->num_ranks + r]);
   }
   const std::byte* slot(int64_t t, int k) const {
     const int64_t i = t * c.K + k;
@@ -195,7 +204,7 @@ void CombineOp::pack_slots(int d, int64_t first, int64_t n, std::byte* dst) {
 // Each rank's BF16 partial in reduction order; the weights come from the owning rank's record.
 int CombineOp::partial_rows(const bf16** rows, int n, float* w, int64_t t, int* ranks) const {
   const int m = reduction_order(*plan, t, ranks);
-  for (int i = 0; i < m; ++i) rows[n++] = reinterpret_cast<const bf16*>(record(ranks[i], t));
+  for (int i = 0; i < m; ++i) rows[n++] = reinterpret_cast<const bf16*>(row(ranks[i], t));
   for (int k = 0; k < c.K && w; ++k) {
     const int32_t e = plan->topk[t * c.K + k];
     w[k] =
@@ -368,7 +377,11 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
   if (op->held) {
     if (!op->single) op->record_token = plan.send_list;
     op->held_at.resize(R);
-    for (int r = 0; r < R; ++r) op->held_at[r].resize(static_cast<size_t>(expected[r]));
+    op->held_row.resize(R);
+    for (int r = 0; r < R; ++r) {
+      op->held_at[r].resize(static_cast<size_t>(expected[r]));
+      op->held_row[r].resize(static_cast<size_t>(expected[r]));
+    }
     op->arrived.assign(R, 0);
     op->released.assign(R, 0);
   } else {
@@ -421,11 +434,25 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
   if (op->held) {
     spec.hold = [self](int r, int64_t first, int64_t n, const std::byte* src) {
       const size_t rb = self->spec.record_bytes;
-      for (int64_t i = 0; i < n; ++i)
+      for (int64_t i = 0; i < n; ++i) {
         self->held_at[r][first + i] = src + static_cast<size_t>(i) * rb;
+        self->held_row[r][first + i] = self->held_at[r][first + i];
+      }
       self->arrived[r] = first + n;
       self->reduce_arrived();
     };
+    if (spec.direct_row_bytes > 0) {
+      spec.hold_rows = [self](int r, int64_t first, int64_t n, const std::byte* src,
+                              const std::byte* rows) {
+        const size_t rb = self->spec.record_bytes, row = self->row_bytes;
+        for (int64_t i = 0; i < n; ++i) {
+          self->held_at[r][first + i] = src + static_cast<size_t>(i) * rb;
+          self->held_row[r][first + i] = rows + static_cast<size_t>(i) * row;
+        }
+        self->arrived[r] = first + n;
+        self->reduce_arrived();
+      };
+    }
     spec.released = [self](int r) { return self->release_upto(r); };
   } else {
     spec.unpack = [self](int r, int64_t first, int64_t n, const std::byte* src) {

@@ -88,6 +88,13 @@ struct ExchangeSpec {
   // them, so the receiver can use them in place, in an order of its own.
   std::function<void(int peer, int64_t first, int64_t n, const std::byte* src)> hold;
   std::function<int64_t(int peer)> released;
+  // Optional, with hold and direct rows: as hold, but the records' rows are not in the records:
+  // row i is at rows + i * direct_row_bytes, readable as long as the records are. Channels call
+  // it where a row need not be copied to be read in place: a rank's rows to itself (read where
+  // direct_src says they are) and rows a channel received apart from their records.
+  std::function<void(int peer, int64_t first, int64_t n, const std::byte* src,
+                     const std::byte* rows)>
+      hold_rows;
   // Optional direct rows: each record starts with a row of direct_row_bytes that a channel may
   // move by itself, from the sender's memory straight into the receiver's output, instead of in
   // the record.
@@ -105,6 +112,10 @@ struct ExchangeSpec {
   std::function<void(int peer, int64_t first, int64_t n, std::byte* dst, std::byte* rows)>
       pack_direct;
   std::function<void(int peer, int64_t first, int64_t n, const std::byte* src)> unpack_direct;
+
+  // Where records [first, first + n) to `peer` have their rows at direct_src, one after the other
+  // (then rows can be read or sent as one block): the first row, else null.
+  const std::byte* contiguous_rows(int peer, int64_t first, int64_t n) const;
 };
 
 // One exchange in flight. poll() moves whatever is ready without blocking and returns true once

@@ -47,8 +47,8 @@ class MpiChannel final : public Channel {
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
   int size_;
-  // Packed records, kept between exchanges (fresh pages cost a fault each).
-  std::vector<std::byte> send_scratch_, recv_scratch_;
+  // Packed records and received rows, kept between exchanges (fresh pages cost a fault each).
+  std::vector<std::byte> send_scratch_, recv_scratch_, rows_scratch_;
 };
 
 // Stage 0: headers in flight (MPI_Ialltoall); stage 1: records in flight (MPI_Ialltoallv);
@@ -56,8 +56,15 @@ class MpiChannel final : public Channel {
 class MpiExchange final : public Exchange {
  public:
   MpiExchange(MPI_Comm comm, int size, ExchangeSpec& spec, const char* fn,
-              std::vector<std::byte>& send_buf, std::vector<std::byte>& recv_buf)
-      : comm_(comm), R_(size), spec_(spec), fn_(fn), send_buf_(send_buf), recv_buf_(recv_buf) {
+              std::vector<std::byte>& send_buf, std::vector<std::byte>& recv_buf,
+              std::vector<std::byte>& rows_buf)
+      : comm_(comm),
+        R_(size),
+        spec_(spec),
+        fn_(fn),
+        send_buf_(send_buf),
+        recv_buf_(recv_buf),
+        rows_buf_(rows_buf) {
     check_mpi(MPI_Ialltoall(spec.send_headers.data(), static_cast<int>(spec.header_bytes), MPI_BYTE,
                             spec.recv_headers.data(), static_cast<int>(spec.header_bytes), MPI_BYTE,
                             comm_, &request_),
@@ -75,6 +82,7 @@ class MpiExchange final : public Exchange {
     } else {
       new std::vector<std::byte>(std::move(send_buf_));
       new std::vector<std::byte>(std::move(recv_buf_));
+      new std::vector<std::byte>(std::move(rows_buf_));
       new std::vector<int>(std::move(recv_counts_));
     }
   }
@@ -113,6 +121,8 @@ class MpiExchange final : public Exchange {
       const std::byte* records = recv_buf_.data() + static_cast<size_t>(recv_displs_[r]) * rb;
       if (!rows_to_.empty() && rows_to_[r] != nullptr) {
         spec_.unpack_direct(r, 0, recv_counts_[r], records);
+      } else if (!rows_at_.empty() && rows_at_[r] != nullptr) {
+        spec_.hold_rows(r, 0, recv_counts_[r], records, rows_at_[r]);
       } else if (spec_.hold) {
         spec_.hold(r, 0, recv_counts_[r], records);  // read before the next exchange reuses them
       } else {
@@ -178,8 +188,12 @@ class MpiExchange final : public Exchange {
 
   // The direct rows, point to point: per destination one send whose datatype gathers its rows
   // from the sender's memory; per source one receive that places its rows contiguously in the
-  // receiver's output or at the head of each of its records. The datatypes hold absolute
-  // addresses (buffers are MPI_BOTTOM) and live until the exchange ends.
+  // receiver's output, contiguously in rows_buf_ (hold_rows: combine reads them there), or at the
+  // head of each of its records. The datatypes hold absolute addresses (buffers are MPI_BOTTOM)
+  // and live until the exchange ends.
+  // NOTES: Open MPI's shared-memory transport copies a message whose two ends are contiguous
+  // once (CMA: the receiver reads the sender's memory), and any other in two, through its
+  // fragments; hence rows to contiguous places, and this rank's rows read where they are.
   // NOTES: MPI_Ialltoallw with these datatypes crashed inside Open MPI 4.1's libnbc (free() of
   // an invalid pointer in MPI_Test); point-to-point messages use the pml's datatype engine.
   void post_rows() {
@@ -200,14 +214,33 @@ class MpiExchange final : public Exchange {
       MPI_Type_commit(out);
     };
     rows_to_.assign(R_, nullptr);
+    rows_at_.assign(R_, nullptr);
     int me = 0;
     MPI_Comm_rank(comm_, &me);
+    // Received rows that have no place of their own go to rows_buf_, one block per source, when
+    // the operation reads them there (hold_rows).
+    std::vector<size_t> staged_at(R_, 0);
+    size_t staged = 0;
+    for (int r = 0; r < R_; ++r) {
+      const bool own_place = spec_.direct_dest && spec_.direct_dest(r) != nullptr;
+      if (r == me || recv_counts_[r] == 0 || own_place || !spec_.hold_rows) continue;
+      staged_at[r] = staged;
+      staged += static_cast<size_t>(recv_counts_[r]) * row;
+    }
+    if (staged > 0) rows_buf_.resize(std::max(rows_buf_.size(), staged));
     for (int r = 0; r < R_; ++r) {
       if (r == me) {  // copied below, after the messages are posted
         if (recv_counts_[r] > 0) rows_to_[r] = spec_.direct_dest ? spec_.direct_dest(r) : nullptr;
         continue;
       }
-      if (send_counts_[r] > 0) {
+      if (const std::byte* block = spec_.contiguous_rows(r, 0, send_counts_[r])) {
+        MPI_Datatype rows = MPI_DATATYPE_NULL;
+        check_mpi(MPI_Type_contiguous(send_counts_[r], row_type, &rows), fn_,
+                  "MPI_Type_contiguous");
+        placed(rows, block, &send_types[r]);
+        MPI_Type_free(&rows);
+        send_n[r] = 1;
+      } else if (send_counts_[r] > 0) {
         at.resize(static_cast<size_t>(send_counts_[r]));
         for (int i = 0; i < send_counts_[r]; ++i) MPI_Get_address(spec_.direct_src(r, i), &at[i]);
         check_mpi(
@@ -219,10 +252,12 @@ class MpiExchange final : public Exchange {
       if (recv_counts_[r] > 0) {
         rows_to_[r] = spec_.direct_dest ? spec_.direct_dest(r) : nullptr;
         MPI_Datatype rows = MPI_DATATYPE_NULL;
-        if (rows_to_[r] != nullptr) {
+        if (rows_to_[r] == nullptr && spec_.hold_rows)
+          rows_at_[r] = rows_buf_.data() + staged_at[r];
+        if (rows_to_[r] != nullptr || rows_at_[r] != nullptr) {
           check_mpi(MPI_Type_contiguous(recv_counts_[r], row_type, &rows), fn_,
                     "MPI_Type_contiguous");
-          placed(rows, rows_to_[r], &recv_types[r]);
+          placed(rows, rows_to_[r] != nullptr ? rows_to_[r] : rows_at_[r], &recv_types[r]);
         } else {
           check_mpi(MPI_Type_create_hvector(recv_counts_[r], 1, static_cast<MPI_Aint>(rb), row_type,
                                             &rows),
@@ -253,7 +288,12 @@ class MpiExchange final : public Exchange {
       }
     }
     rows_types_.push_back(row_type);
-    // This rank's rows to itself: one copy each, where the peer MPI_Alltoallv also copies once.
+    // This rank's rows to itself: read where they are when the operation can (hold_rows), else
+    // one copy each, where the peer MPI_Alltoallv also copies once.
+    if (rows_to_[me] == nullptr && spec_.hold_rows) {
+      rows_at_[me] = spec_.contiguous_rows(me, 0, recv_counts_[me]);
+      if (rows_at_[me] != nullptr) return;
+    }
     for (int i = 0; i < recv_counts_[me]; ++i) {
       std::byte* dst = rows_to_[me] != nullptr
                            ? rows_to_[me] + static_cast<size_t>(i) * row
@@ -272,17 +312,21 @@ class MpiExchange final : public Exchange {
   static constexpr int kRowsTag = 7;
   std::vector<MPI_Request> rows_requests_;
   std::vector<MPI_Datatype> rows_types_;
-  std::vector<std::byte*> rows_to_;  // per source: where its direct rows landed
+  std::vector<std::byte*> rows_to_;        // per source: where its direct rows landed
+  std::vector<const std::byte*> rows_at_;  // per source: its rows apart from the records
+                                           // (hold_rows), or null
   MPI_Datatype record_ = MPI_DATATYPE_NULL;
   int stage_ = 0;
   bool moved_ = false;
   std::vector<int> send_counts_, send_displs_, recv_counts_, recv_displs_;
   std::vector<std::byte>& send_buf_;
   std::vector<std::byte>& recv_buf_;
+  std::vector<std::byte>& rows_buf_;
 };
 
 std::unique_ptr<Exchange> MpiChannel::start(ExchangeSpec& spec, const char* fn) {
-  return std::make_unique<MpiExchange>(comm_, size_, spec, fn, send_scratch_, recv_scratch_);
+  return std::make_unique<MpiExchange>(comm_, size_, spec, fn, send_scratch_, recv_scratch_,
+                                       rows_scratch_);
 }
 
 }  // namespace

@@ -17,7 +17,8 @@
 // receiver reads it once chunk_posted covers it (release/acquire pairs, no queues, no locks).
 // Everything is polled by one loop that moves whatever is ready, so no pair of ranks can wait on
 // each other. A rank's records to itself skip the ring: they are packed into a small buffer of
-// this process and unpacked from it at once, so they cross memory once.
+// this process and unpacked from it at once, so they cross memory once; rows the receiver reads
+// in place (ExchangeSpec::hold_rows, combine) are not copied at all.
 //
 // NOTES: every exchange cuts the ring into chunks of about kChunkTarget bytes and keeps at most
 // kInFlight bytes of them posted and not taken. The receiver then reads a chunk while the
@@ -372,12 +373,21 @@ class ShmExchange final : public Exchange {
     buffer.resize(slot_bytes_);
     const int64_t first = sent_[me] * per_chunk_;
     const int64_t n = std::min(per_chunk_, spec_.send_records[me] - first);
-    pack(me, first, n, buffer.data());
-    if (spec_.hold) {
+    // Rows the receiver can read where they are (hold_rows) are not copied.
+    const std::byte* rows =
+        spec_.hold_rows && spec_.pack_direct ? spec_.contiguous_rows(me, first, n) : nullptr;
+    if (rows != nullptr) {
+      spec_.pack_direct(me, first, n, buffer.data(), nullptr);
+      spec_.hold_rows(me, first, n, buffer.data(), rows);
+      held_[me].push_back(first + n);
+      self_held_.push_back(std::move(buffer));
+    } else if (spec_.hold) {
+      pack(me, first, n, buffer.data());
       spec_.hold(me, first, n, buffer.data());
       held_[me].push_back(first + n);
       self_held_.push_back(std::move(buffer));
     } else {
+      pack(me, first, n, buffer.data());
       unpack(me, first, n, buffer.data());
       spare_.push_back(std::move(buffer));
     }
