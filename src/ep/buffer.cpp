@@ -90,7 +90,7 @@ std::unique_ptr<Channel> make_channel(Transport transport, const CommImpl& comm,
     case Transport::mpi_one_sided:
       return make_mpi_rma_channel(comm, num_bytes, timeout_s);
     default:
-      return make_mpi_channel(comm, timeout_s);
+      return make_mpi_channel(comm, num_bytes, timeout_s);
   }
 }
 

@@ -162,7 +162,9 @@ size_t align_up(size_t x, size_t a);
 // output_block_bytes: the size of each of the two shared outputs (0: none).
 std::unique_ptr<Channel> make_shm_channel(const CommImpl& comm, int64_t num_bytes,
                                           size_t output_block_bytes, double timeout_s);
-std::unique_ptr<Channel> make_mpi_channel(const CommImpl& comm, double timeout_s);
+// The MPI transport moves rows in chunks of at most num_bytes / (R * 4) bytes (and 256 KB).
+std::unique_ptr<Channel> make_mpi_channel(const CommImpl& comm, int64_t num_bytes,
+                                          double timeout_s);
 std::unique_ptr<Channel> make_mpi_rma_channel(const CommImpl& comm, int64_t num_bytes,
                                               double timeout_s);
 // The channel of a resolved transport (shared_memory, mpi_alltoallv or mpi_one_sided).

@@ -1,15 +1,27 @@
 // The MPI transport (ranks on different hosts): counts then Alltoallv. The headers travel in one
 // MPI_Ialltoall, the records, packed per destination, in one MPI_Ialltoallv whose element is a
-// contiguous datatype of one record (so counts stay small integers). Both are non-blocking and
-// polled with the EP timeout, so a dead peer raises dsk::Error instead of hanging.
+// contiguous datatype of one record (so counts stay small integers). Everything is non-blocking
+// and polled with the EP timeout, so a dead peer raises dsk::Error instead of hanging.
 //
-// Direct rows (ExchangeSpec::direct_*): the rows travel in point-to-point messages of their own
-// whose send datatypes gather them from the sender's tensor and whose receive datatypes place them
-// in the receiver's output (or, without one, at the head of each received record); the records,
-// packed without their rows, travel as before with a datatype that skips the row. No row is
-// copied by the transport itself: MPI moves it as a plain MPI_Alltoallv moves its bytes.
-// Received records are handed over in place (ExchangeSpec::hold) when the operation asks so.
-// (docs/ep.md compares it with the one-sided transport, transport_mpi_rma.cpp.)
+// Direct rows (ExchangeSpec::direct_*) do not pass through a packed copy: the records travel
+// without them (a datatype that skips the row), and the rows travel point to point, in messages
+// of kChunkBytes of consecutive rows per (sender, receiver), each sent from the sender's tensor
+// (as one block where its rows are consecutive there, else gathered by a datatype) and received
+// contiguously:
+//   - into the receiver's output (direct_dest: dispatch), all posted at once;
+//   - into a ring of kRingChunks chunk buffers per source (hold_rows: combine), each handed to
+//     the operation as soon as it and the records arrived and posted again for a later chunk once
+//     the operation released its rows, so the combine reduces rows while they sit in the caches;
+//   - else at the head of each received record (one message per source).
+// Both ends cut a peer's rows into the same chunks from the row counts alone, so nothing but the
+// counts needs to travel first. A rank's rows to itself are copied once (dispatch, non-temporal
+// stores where large) or read where they are (hold_rows).
+//
+// NOTES: Open MPI's shared-memory transport copies a message whose two ends are contiguous once
+// (CMA: the receiver reads the sender's memory), and any other message twice, through its
+// fragments, with both ranks inside MPI calls; the rows therefore go contiguously to contiguous
+// places, in chunks, so a gathered chunk costs no more than its own copy. Measured in docs/ep.md.
+// (docs/ep.md also compares this transport with the one-sided one, transport_mpi_rma.cpp.)
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -17,16 +29,32 @@
 
 #include <dsk/core/error.hpp>
 
+#include "ep/copy.hpp"
 #include "ep/internal.hpp"
 
 namespace dsk::ep::detail {
 namespace {
 
+// The most bytes of rows one message carries (whole rows, at least one), and the chunks a combine
+// keeps posted per source. A buffer of num_bytes per rank uses chunks of at most
+// num_bytes / (R * kRingChunks), so that its rings take no more than the buffer says (and tests
+// with small buffers cut an exchange into many chunks).
+constexpr size_t kChunkBytes = size_t{256} << 10;
+constexpr int kRingChunks = 4;
+// A rank's rows to itself are copied between polls in slices of about this many bytes, so this
+// rank keeps moving its messages while it copies.
+constexpr size_t kSelfSliceBytes = size_t{1} << 20;
+
 class MpiChannel final : public Channel {
  public:
   // A communicator of its own per buffer: a collective a failed exchange left pending can never
   // match another buffer's traffic.
-  MpiChannel(const CommImpl& comm, double timeout_s) : size_(comm.size) {
+  MpiChannel(const CommImpl& comm, int64_t num_bytes, double timeout_s)
+      : rank_(comm.rank),
+        size_(comm.size),
+        chunk_bytes_(std::clamp<size_t>(static_cast<size_t>(std::max<int64_t>(num_bytes, 0)) /
+                                            (static_cast<size_t>(comm.size) * kRingChunks),
+                                        1, kChunkBytes)) {
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Comm_idup(comm.comm, &comm_, &request), "ep::Buffer (MPI)", "MPI_Comm_idup");
     wait_request(request, timeout_s, "ep::Buffer (MPI)", "the other ranks to create the buffer");
@@ -46,20 +74,43 @@ class MpiChannel final : public Channel {
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
-  int size_;
+  int rank_, size_;
+  size_t chunk_bytes_;  // the most bytes of rows per message
   // Packed records and received rows, kept between exchanges (fresh pages cost a fault each).
   std::vector<std::byte> send_scratch_, recv_scratch_, rows_scratch_;
 };
 
-// Stage 0: headers in flight (MPI_Ialltoall); stage 1: records in flight (MPI_Ialltoallv);
-// stage 2: done.
+// What happens to the rows from one source.
+enum class RowsTo {
+  none,     // no direct rows: they are in the records
+  dest,     // the operation's output (direct_dest)
+  ring,     // chunk buffers handed over one by one (hold_rows)
+  records,  // the head of each received record
+};
+
+// The receive side of one source's direct rows.
+struct Source {
+  RowsTo to = RowsTo::none;
+  std::byte* dest = nullptr;       // dest: row 0's place
+  std::byte* ring = nullptr;       // ring: kRingChunks chunk buffers
+  int64_t chunks = 0;              // messages from this source
+  int64_t posted = 0;              // ring: chunks whose receive was posted
+  int64_t handed = 0;              // ring: chunks handed to the operation
+  std::vector<bool> arrived;       // ring: per chunk
+  std::vector<MPI_Request> slots;  // ring: the receive posted in each buffer
+};
+
+// Stage 0: headers in flight (MPI_Ialltoall); stage 1: records (MPI_Ialltoallv) and rows in
+// flight; stage 2: done.
 class MpiExchange final : public Exchange {
  public:
-  MpiExchange(MPI_Comm comm, int size, ExchangeSpec& spec, const char* fn,
-              std::vector<std::byte>& send_buf, std::vector<std::byte>& recv_buf,
+  MpiExchange(MPI_Comm comm, int rank, int size, size_t chunk_bytes, ExchangeSpec& spec,
+              const char* fn, std::vector<std::byte>& send_buf, std::vector<std::byte>& recv_buf,
               std::vector<std::byte>& rows_buf)
       : comm_(comm),
+        me_(rank),
         R_(size),
+        chunk_bytes_(chunk_bytes),
         spec_(spec),
         fn_(fn),
         send_buf_(send_buf),
@@ -71,14 +122,17 @@ class MpiExchange final : public Exchange {
               fn, "MPI_Ialltoall");
   }
 
-  // NOTES: an exchange abandoned after a timeout still has a collective pending that a late peer
-  // may complete; MPI could then write into the buffers, so they are leaked on purpose.
+  // NOTES: an exchange abandoned after a timeout still has requests pending that a late peer may
+  // complete; MPI could then write into the buffers, so they are leaked on purpose.
   ~MpiExchange() override {
-    const bool rows_pending = std::any_of(rows_requests_.begin(), rows_requests_.end(),
-                                          [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
-    if (request_ == MPI_REQUEST_NULL && !rows_pending) {
-      if (record_ != MPI_DATATYPE_NULL) MPI_Type_free(&record_);
-      for (MPI_Datatype& t : rows_types_) MPI_Type_free(&t);
+    bool pending = request_ != MPI_REQUEST_NULL;
+    for (MPI_Request r : requests_) pending = pending || r != MPI_REQUEST_NULL;
+    for (const Source& s : sources_)
+      for (MPI_Request r : s.slots) pending = pending || r != MPI_REQUEST_NULL;
+    if (!pending) {
+      for (MPI_Datatype* t : {&record_, &row_type_})
+        if (*t != MPI_DATATYPE_NULL) MPI_Type_free(t);
+      for (MPI_Datatype& t : types_) MPI_Type_free(&t);
     } else {
       new std::vector<std::byte>(std::move(send_buf_));
       new std::vector<std::byte>(std::move(recv_buf_));
@@ -93,48 +147,54 @@ class MpiExchange final : public Exchange {
   bool poll() override {
     moved_ = false;
     if (stage_ == 2) return true;
-    // NOTES: Open MPI moves a non-blocking collective only inside MPI_Test, one fragment at a
-    // time, so each poll tests for up to a millisecond before handing back to the back-off.
-    int done = 0;
+    // NOTES: Open MPI moves a non-blocking operation only inside MPI calls, one fragment at a
+    // time, so each poll keeps testing for up to a millisecond before handing back to the
+    // back-off.
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
     do {
-      check_mpi(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), fn_, "MPI_Test");
-      if (!rows_requests_.empty()) {
-        int rows_done = 0;
-        check_mpi(MPI_Testall(static_cast<int>(rows_requests_.size()), rows_requests_.data(),
-                              &rows_done, MPI_STATUSES_IGNORE),
-                  fn_, "MPI_Testall");
-        done = done && rows_done;
+      if (stage_ == 0) {
+        int done = 0;
+        check_mpi(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), fn_, "MPI_Test");
+        if (!done) continue;
+        moved_ = true;
+        spec_.on_headers();
+        post();
+        stage_ = 1;
+        return false;  // the caller may stop at the headers (asynchronous operations)
       }
-    } while (!done && std::chrono::steady_clock::now() < until);
-    if (!done) return false;
-    moved_ = true;
-    if (stage_ == 0) {
-      spec_.on_headers();
-      post_records();
-      stage_ = 1;
-      return false;
-    }
-    const size_t rb = spec_.record_bytes;
-    for (int r = 0; r < R_; ++r) {
-      if (recv_counts_[r] == 0) continue;
-      const std::byte* records = recv_buf_.data() + static_cast<size_t>(recv_displs_[r]) * rb;
-      if (!rows_to_.empty() && rows_to_[r] != nullptr) {
-        spec_.unpack_direct(r, 0, recv_counts_[r], records);
-      } else if (!rows_at_.empty() && rows_at_[r] != nullptr) {
-        spec_.hold_rows(r, 0, recv_counts_[r], records, rows_at_[r]);
-      } else if (spec_.hold) {
-        spec_.hold(r, 0, recv_counts_[r], records);  // read before the next exchange reuses them
-      } else {
-        spec_.unpack(r, 0, recv_counts_[r], records);
+      if (advance()) {
+        finish();
+        stage_ = 2;
+        return true;
       }
-    }
-    stage_ = 2;
-    return true;
+    } while (std::chrono::steady_clock::now() < until);
+    return false;
   }
 
  private:
-  void post_records() {
+  size_t row_bytes() const { return spec_.direct_row_bytes; }
+  bool direct() const {
+    return spec_.direct_row_bytes > 0 && spec_.direct_src && spec_.pack_direct;
+  }
+  // Rows per message, and the rows of chunk c of n rows.
+  int64_t chunk_rows() const {
+    return std::max<int64_t>(1, static_cast<int64_t>(chunk_bytes_ / row_bytes()));
+  }
+  int64_t chunk_first(int64_t c) const { return c * chunk_rows(); }
+  int64_t chunk_size(int64_t n, int64_t c) const {
+    return std::min(chunk_rows(), n - chunk_first(c));
+  }
+  int64_t chunks_of(int64_t n) const { return (n + chunk_rows() - 1) / chunk_rows(); }
+  // A ring slot: one chunk, rounded up to whole cache lines.
+  static constexpr size_t kAlign = 64;
+  size_t slot_bytes() const {
+    return align_up(static_cast<size_t>(chunk_rows()) * row_bytes(), kAlign);
+  }
+  const std::byte* records_of(int r) const {
+    return recv_buf_.data() + static_cast<size_t>(recv_displs_[r]) * spec_.record_bytes;
+  }
+
+  void post() {
     send_counts_.assign(R_, 0);
     send_displs_.assign(R_, 0);
     recv_counts_.assign(R_, 0);
@@ -154,23 +214,21 @@ class MpiExchange final : public Exchange {
     const size_t rb = spec_.record_bytes;
     send_buf_.resize(std::max(send_buf_.size(), static_cast<size_t>(send_total) * rb));
     recv_buf_.resize(std::max(recv_buf_.size(), static_cast<size_t>(recv_total) * rb));
-    const bool direct = spec_.direct_row_bytes > 0 && spec_.direct_src && spec_.pack_direct;
     for (int r = 0; r < R_; ++r) {
       if (send_counts_[r] == 0) continue;
       std::byte* dst = send_buf_.data() + static_cast<size_t>(send_displs_[r]) * rb;
-      if (direct) {
+      if (direct()) {
         spec_.pack_direct(r, 0, send_counts_[r], dst, nullptr);
       } else {
         spec_.pack(r, 0, send_counts_[r], dst);
       }
     }
-    if (direct) {
-      post_rows();
+    if (direct()) {
       // The records without their rows: the bytes [row, rb) of each rb-byte record.
-      const size_t row = spec_.direct_row_bytes;
       MPI_Datatype tail = MPI_DATATYPE_NULL;
-      const MPI_Aint at = static_cast<MPI_Aint>(row);
-      check_mpi(MPI_Type_create_hindexed_block(1, static_cast<int>(rb - row), &at, MPI_BYTE, &tail),
+      const MPI_Aint at = static_cast<MPI_Aint>(row_bytes());
+      check_mpi(MPI_Type_create_hindexed_block(1, static_cast<int>(rb - row_bytes()), &at, MPI_BYTE,
+                                               &tail),
                 fn_, "MPI_Type_create_hindexed_block");
       check_mpi(MPI_Type_create_resized(tail, 0, static_cast<MPI_Aint>(rb), &record_), fn_,
                 "MPI_Type_create_resized");
@@ -184,138 +242,238 @@ class MpiExchange final : public Exchange {
                              recv_buf_.data(), recv_counts_.data(), recv_displs_.data(), record_,
                              comm_, &request_),
               fn_, "MPI_Ialltoallv");
+    sources_.assign(R_, {});
+    if (direct()) post_rows();
   }
 
-  // The direct rows, point to point: per destination one send whose datatype gathers its rows
-  // from the sender's memory; per source one receive that places its rows contiguously in the
-  // receiver's output, contiguously in rows_buf_ (hold_rows: combine reads them there), or at the
-  // head of each of its records. The datatypes hold absolute addresses (buffers are MPI_BOTTOM)
-  // and live until the exchange ends.
-  // NOTES: Open MPI's shared-memory transport copies a message whose two ends are contiguous
-  // once (CMA: the receiver reads the sender's memory), and any other in two, through its
-  // fragments; hence rows to contiguous places, and this rank's rows read where they are.
-  // NOTES: MPI_Ialltoallw with these datatypes crashed inside Open MPI 4.1's libnbc (free() of
-  // an invalid pointer in MPI_Test); point-to-point messages use the pml's datatype engine.
+  // The direct rows: every receive that has a place now, then every send.
   void post_rows() {
-    const size_t row = spec_.direct_row_bytes;
-    const size_t rb = spec_.record_bytes;
-    MPI_Datatype row_type = MPI_DATATYPE_NULL;
-    check_mpi(MPI_Type_contiguous(static_cast<int>(row), MPI_BYTE, &row_type), fn_,
+    check_mpi(MPI_Type_contiguous(static_cast<int>(row_bytes()), MPI_BYTE, &row_type_), fn_,
               "MPI_Type_contiguous");
-    MPI_Type_commit(&row_type);
-    std::vector<MPI_Datatype> send_types(R_, MPI_BYTE), recv_types(R_, MPI_BYTE);
-    std::vector<int> send_n(R_, 0), recv_n(R_, 0);
-    std::vector<MPI_Aint> at;
-    auto placed = [&](MPI_Datatype inner, const void* where, MPI_Datatype* out) {
-      MPI_Aint address = 0;
-      MPI_Get_address(where, &address);
-      check_mpi(MPI_Type_create_hindexed_block(1, 1, &address, inner, out), fn_,
-                "MPI_Type_create_hindexed_block");
-      MPI_Type_commit(out);
-    };
-    rows_to_.assign(R_, nullptr);
-    rows_at_.assign(R_, nullptr);
-    int me = 0;
-    MPI_Comm_rank(comm_, &me);
-    // Received rows that have no place of their own go to rows_buf_, one block per source, when
-    // the operation reads them there (hold_rows).
-    std::vector<size_t> staged_at(R_, 0);
-    size_t staged = 0;
+    MPI_Type_commit(&row_type_);
+    size_t ring_bytes = 0;
+    const size_t chunk_bytes = slot_bytes();
     for (int r = 0; r < R_; ++r) {
-      const bool own_place = spec_.direct_dest && spec_.direct_dest(r) != nullptr;
-      if (r == me || recv_counts_[r] == 0 || own_place || !spec_.hold_rows) continue;
-      staged_at[r] = staged;
-      staged += static_cast<size_t>(recv_counts_[r]) * row;
+      Source& s = sources_[r];
+      if (recv_counts_[r] == 0) continue;
+      s.dest = spec_.direct_dest ? spec_.direct_dest(r) : nullptr;
+      s.to = s.dest != nullptr ? RowsTo::dest : spec_.hold_rows ? RowsTo::ring : RowsTo::records;
+      if (r == me_) continue;
+      s.chunks = chunks_of(recv_counts_[r]);
+      if (s.to == RowsTo::ring) ring_bytes += kRingChunks * chunk_bytes;
     }
-    if (staged > 0) rows_buf_.resize(std::max(rows_buf_.size(), staged));
+    if (ring_bytes > 0) rows_buf_.resize(std::max(rows_buf_.size(), ring_bytes + kAlign));
+    // NOTES: the kernel's copy behind CMA ran 2.5x slower into a destination 16 bytes off a
+    // 64-byte line than into an aligned one (58 MB: 46 against 18 ms, source aligned), so every
+    // ring slot starts on a line.
+    size_t ring_at = align_up(reinterpret_cast<uintptr_t>(rows_buf_.data()), kAlign) -
+                     reinterpret_cast<uintptr_t>(rows_buf_.data());
     for (int r = 0; r < R_; ++r) {
-      if (r == me) {  // copied below, after the messages are posted
-        if (recv_counts_[r] > 0) rows_to_[r] = spec_.direct_dest ? spec_.direct_dest(r) : nullptr;
-        continue;
-      }
-      if (const std::byte* block = spec_.contiguous_rows(r, 0, send_counts_[r])) {
-        MPI_Datatype rows = MPI_DATATYPE_NULL;
-        check_mpi(MPI_Type_contiguous(send_counts_[r], row_type, &rows), fn_,
-                  "MPI_Type_contiguous");
-        placed(rows, block, &send_types[r]);
-        MPI_Type_free(&rows);
-        send_n[r] = 1;
-      } else if (send_counts_[r] > 0) {
-        at.resize(static_cast<size_t>(send_counts_[r]));
-        for (int i = 0; i < send_counts_[r]; ++i) MPI_Get_address(spec_.direct_src(r, i), &at[i]);
-        check_mpi(
-            MPI_Type_create_hindexed_block(send_counts_[r], 1, at.data(), row_type, &send_types[r]),
-            fn_, "MPI_Type_create_hindexed_block");
-        MPI_Type_commit(&send_types[r]);
-        send_n[r] = 1;
-      }
-      if (recv_counts_[r] > 0) {
-        rows_to_[r] = spec_.direct_dest ? spec_.direct_dest(r) : nullptr;
-        MPI_Datatype rows = MPI_DATATYPE_NULL;
-        if (rows_to_[r] == nullptr && spec_.hold_rows)
-          rows_at_[r] = rows_buf_.data() + staged_at[r];
-        if (rows_to_[r] != nullptr || rows_at_[r] != nullptr) {
-          check_mpi(MPI_Type_contiguous(recv_counts_[r], row_type, &rows), fn_,
-                    "MPI_Type_contiguous");
-          placed(rows, rows_to_[r] != nullptr ? rows_to_[r] : rows_at_[r], &recv_types[r]);
-        } else {
-          check_mpi(MPI_Type_create_hvector(recv_counts_[r], 1, static_cast<MPI_Aint>(rb), row_type,
-                                            &rows),
-                    fn_, "MPI_Type_create_hvector");
-          placed(rows, recv_buf_.data() + static_cast<size_t>(recv_displs_[r]) * rb,
-                 &recv_types[r]);
+      Source& s = sources_[r];
+      if (r == me_ || recv_counts_[r] == 0) continue;
+      if (s.to == RowsTo::dest) {
+        for (int64_t c = 0; c < s.chunks; ++c)
+          irecv(s.dest + static_cast<size_t>(chunk_first(c)) * row_bytes(),
+                chunk_size(recv_counts_[r], c), row_type_, r, &requests_.emplace_back());
+      } else if (s.to == RowsTo::ring) {
+        s.ring = rows_buf_.data() + ring_at;
+        ring_at += kRingChunks * chunk_bytes;
+        s.arrived.assign(static_cast<size_t>(s.chunks), false);
+        s.slots.assign(kRingChunks, MPI_REQUEST_NULL);
+        while (s.posted < std::min<int64_t>(s.chunks, kRingChunks)) post_ring_chunk(r);
+      } else {
+        // Rows at the head of each record (no output of their own, e.g. a dispatch whose
+        // num_worst_tokens is too small): each chunk placed by an hvector datatype.
+        for (int64_t c = 0; c < s.chunks; ++c) {
+          MPI_Datatype rows = MPI_DATATYPE_NULL;
+          check_mpi(
+              MPI_Type_create_hvector(static_cast<int>(chunk_size(recv_counts_[r], c)), 1,
+                                      static_cast<MPI_Aint>(spec_.record_bytes), row_type_, &rows),
+              fn_, "MPI_Type_create_hvector");
+          MPI_Type_commit(&rows);
+          types_.push_back(rows);
+          irecv(const_cast<std::byte*>(records_of(r)) +
+                    static_cast<size_t>(chunk_first(c)) * spec_.record_bytes,
+                1, rows, r, &requests_.emplace_back());
         }
-        MPI_Type_free(&rows);
-        recv_n[r] = 1;
       }
     }
+    // The senders cut the same chunks from the same counts, whatever the receiver does with them.
     for (int r = 0; r < R_; ++r) {
-      if (recv_n[r] > 0) {
-        rows_requests_.emplace_back();
-        check_mpi(
-            MPI_Irecv(MPI_BOTTOM, 1, recv_types[r], r, kRowsTag, comm_, &rows_requests_.back()),
-            fn_, "MPI_Irecv");
-        rows_types_.push_back(recv_types[r]);
+      if (r == me_) continue;
+      for (int64_t c = 0; c < chunks_of(send_counts_[r]); ++c)
+        send_rows(r, chunk_first(c), chunk_size(send_counts_[r], c));
+    }
+    self_rows_ = sources_[me_].to == RowsTo::dest ? recv_counts_[me_] : 0;
+  }
+
+  void irecv(void* at, int64_t count, MPI_Datatype type, int source, MPI_Request* request) {
+    check_mpi(MPI_Irecv(at, static_cast<int>(count), type, source, kRowsTag, comm_, request), fn_,
+              "MPI_Irecv");
+  }
+
+  // Records [first, first + n) to r: their rows from where they are, as one block when they are
+  // consecutive there, else gathered by a datatype of their addresses (buffer MPI_BOTTOM).
+  void send_rows(int r, int64_t first, int64_t n) {
+    MPI_Request* request = &requests_.emplace_back();
+    if (const std::byte* block = spec_.contiguous_rows(r, first, n)) {
+      check_mpi(MPI_Isend(block, static_cast<int>(n), row_type_, r, kRowsTag, comm_, request), fn_,
+                "MPI_Isend");
+      return;
+    }
+    std::vector<MPI_Aint> at(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) MPI_Get_address(spec_.direct_src(r, first + i), &at[i]);
+    MPI_Datatype rows = MPI_DATATYPE_NULL;
+    check_mpi(MPI_Type_create_hindexed_block(static_cast<int>(n), 1, at.data(), row_type_, &rows),
+              fn_, "MPI_Type_create_hindexed_block");
+    MPI_Type_commit(&rows);
+    types_.push_back(rows);
+    check_mpi(MPI_Isend(MPI_BOTTOM, 1, rows, r, kRowsTag, comm_, request), fn_, "MPI_Isend");
+  }
+
+  // Ring: posts the receive of source r's next chunk into its buffer.
+  void post_ring_chunk(int r) {
+    Source& s = sources_[r];
+    const int64_t c = s.posted++;
+    irecv(s.ring + static_cast<size_t>(c % kRingChunks) * slot_bytes(),
+          chunk_size(recv_counts_[r], c), row_type_, r, &s.slots[c % kRingChunks]);
+  }
+
+  // Moves what can move; returns true once everything arrived and was handed over.
+  bool advance() {
+    if (request_ != MPI_REQUEST_NULL) {
+      int done = 0;
+      check_mpi(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), fn_, "MPI_Test");
+      if (done) moved_ = true;
+    }
+    const bool records = request_ == MPI_REQUEST_NULL;
+    bool finished = records;
+    // The oldest pending request first; testing it also moves every other one.
+    while (front_ < requests_.size()) {
+      int done = 0;
+      check_mpi(MPI_Test(&requests_[front_], &done, MPI_STATUS_IGNORE), fn_, "MPI_Test");
+      if (!done) break;
+      ++front_;
+      moved_ = true;
+    }
+    finished = finished && front_ == requests_.size();
+    for (int r = 0; r < R_; ++r)
+      if (sources_[r].to == RowsTo::ring && !advance_ring(r, records)) finished = false;
+    if (self_copied_ < self_rows_) {
+      copy_self_slice();
+      finished = false;
+    }
+    return finished;
+  }
+
+  // Ring of source r: notes arrived chunks and, once the records are in, hands them over in
+  // order and posts the chunks after those the operation released. True once all were handed.
+  bool advance_ring(int r, bool records) {
+    Source& s = sources_[r];
+    if (r == me_) {  // this rank's rows, read where they are
+      if (records && s.handed == 0 && recv_counts_[r] > 0) {
+        const std::byte* rows = spec_.contiguous_rows(r, 0, recv_counts_[r]);
+        if (rows != nullptr) {
+          spec_.hold_rows(r, 0, recv_counts_[r], records_of(r), rows);
+        } else {  // not consecutive: through the record buffer, as without direct rows
+          copy_rows_into_records(r);
+          spec_.hold(r, 0, recv_counts_[r], records_of(r));
+        }
+        s.handed = 1;
+        moved_ = true;
+      }
+      return records && s.handed == 1;
+    }
+    for (int64_t c = s.handed; c < s.posted; ++c) {
+      MPI_Request& slot = s.slots[c % kRingChunks];
+      if (s.arrived[c] || slot == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      check_mpi(MPI_Test(&slot, &done, MPI_STATUS_IGNORE), fn_, "MPI_Test");
+      if (done) {
+        s.arrived[c] = true;
+        moved_ = true;
       }
     }
+    while (records && s.handed < s.chunks && s.arrived[s.handed]) {
+      const int64_t c = s.handed++;
+      const int64_t first = chunk_first(c);
+      spec_.hold_rows(r, first, chunk_size(recv_counts_[r], c),
+                      records_of(r) + static_cast<size_t>(first) * spec_.record_bytes,
+                      s.ring + static_cast<size_t>(c % kRingChunks) * slot_bytes());
+      moved_ = true;
+    }
+    // A buffer is free once the operation released every row of the chunk it held.
+    const int64_t released = spec_.released ? spec_.released(r) : 0;
+    while (s.posted < s.chunks && s.posted - kRingChunks < s.handed &&
+           chunk_first(s.posted - kRingChunks + 1) <= released) {
+      post_ring_chunk(r);
+      moved_ = true;
+    }
+    return s.handed == s.chunks;
+  }
+
+  // This rank's rows to its own output, a slice per poll.
+  void copy_self_slice() {
+    const int64_t rows_per_slice =
+        std::max<int64_t>(1, static_cast<int64_t>(kSelfSliceBytes / row_bytes()));
+    const int64_t end = std::min(self_rows_, self_copied_ + rows_per_slice);
+    std::byte* dest = sources_[me_].dest;
+    // Large outputs are written around the caches: nothing reads them before the exchange ends.
+    const bool stream = static_cast<size_t>(self_rows_) * row_bytes() >= kStreamCopyBytes;
+    for (int64_t i = self_copied_; i < end; ++i)
+      copy_row(dest + static_cast<size_t>(i) * row_bytes(), spec_.direct_src(me_, i), row_bytes(),
+               stream);
+    if (stream && end == self_rows_) stream_fence();
+    self_copied_ = end;
+    moved_ = true;
+  }
+
+  void copy_rows_into_records(int r) {
+    std::byte* records =
+        recv_buf_.data() + static_cast<size_t>(recv_displs_[r]) * spec_.record_bytes;
+    for (int64_t i = 0; i < recv_counts_[r]; ++i)
+      std::memcpy(records + static_cast<size_t>(i) * spec_.record_bytes, spec_.direct_src(r, i),
+                  row_bytes());
+  }
+
+  // Everything arrived: the records whose rows were not handed over chunk by chunk.
+  void finish() {
     for (int r = 0; r < R_; ++r) {
-      if (send_n[r] > 0) {
-        rows_requests_.emplace_back();
-        check_mpi(
-            MPI_Isend(MPI_BOTTOM, 1, send_types[r], r, kRowsTag, comm_, &rows_requests_.back()),
-            fn_, "MPI_Isend");
-        rows_types_.push_back(send_types[r]);
+      if (recv_counts_[r] == 0) continue;
+      const Source& s = sources_[r];
+      switch (s.to) {
+        case RowsTo::ring:
+          break;  // handed over in advance_ring
+        case RowsTo::dest:
+          spec_.unpack_direct(r, 0, recv_counts_[r], records_of(r));
+          break;
+        case RowsTo::records:
+          if (r == me_) copy_rows_into_records(r);
+          [[fallthrough]];
+        case RowsTo::none:
+          if (spec_.hold) {
+            spec_.hold(r, 0, recv_counts_[r], records_of(r));  // read before the next exchange
+          } else {
+            spec_.unpack(r, 0, recv_counts_[r], records_of(r));
+          }
+          break;
       }
-    }
-    rows_types_.push_back(row_type);
-    // This rank's rows to itself: read where they are when the operation can (hold_rows), else
-    // one copy each, where the peer MPI_Alltoallv also copies once.
-    if (rows_to_[me] == nullptr && spec_.hold_rows) {
-      rows_at_[me] = spec_.contiguous_rows(me, 0, recv_counts_[me]);
-      if (rows_at_[me] != nullptr) return;
-    }
-    for (int i = 0; i < recv_counts_[me]; ++i) {
-      std::byte* dst = rows_to_[me] != nullptr
-                           ? rows_to_[me] + static_cast<size_t>(i) * row
-                           : recv_buf_.data() + static_cast<size_t>(recv_displs_[me] + i) * rb;
-      std::memcpy(dst, spec_.direct_src(me, i), row);
     }
   }
 
+  static constexpr int kRowsTag = 7;
   MPI_Comm comm_;
-  int R_;
+  int me_, R_;
+  size_t chunk_bytes_;
   ExchangeSpec& spec_;
   const char* fn_;
-  MPI_Request request_ = MPI_REQUEST_NULL;
-  // The direct rows, when the exchange has them: one receive per source and one send per
-  // destination on this channel's own communicator, with the datatypes they use.
-  static constexpr int kRowsTag = 7;
-  std::vector<MPI_Request> rows_requests_;
-  std::vector<MPI_Datatype> rows_types_;
-  std::vector<std::byte*> rows_to_;        // per source: where its direct rows landed
-  std::vector<const std::byte*> rows_at_;  // per source: its rows apart from the records
-                                           // (hold_rows), or null
-  MPI_Datatype record_ = MPI_DATATYPE_NULL;
+  MPI_Request request_ = MPI_REQUEST_NULL;  // the headers, then the records
+  std::vector<MPI_Request> requests_;       // the rows: sends, and receives other than the rings'
+  size_t front_ = 0;                        // requests_[0, front_) completed
+  std::vector<MPI_Datatype> types_;         // the rows' datatypes, freed with the exchange
+  std::vector<Source> sources_;
+  MPI_Datatype record_ = MPI_DATATYPE_NULL, row_type_ = MPI_DATATYPE_NULL;
+  int64_t self_rows_ = 0, self_copied_ = 0;  // this rank's rows to its own output
   int stage_ = 0;
   bool moved_ = false;
   std::vector<int> send_counts_, send_displs_, recv_counts_, recv_displs_;
@@ -325,14 +483,15 @@ class MpiExchange final : public Exchange {
 };
 
 std::unique_ptr<Exchange> MpiChannel::start(ExchangeSpec& spec, const char* fn) {
-  return std::make_unique<MpiExchange>(comm_, size_, spec, fn, send_scratch_, recv_scratch_,
-                                       rows_scratch_);
+  return std::make_unique<MpiExchange>(comm_, rank_, size_, chunk_bytes_, spec, fn, send_scratch_,
+                                       recv_scratch_, rows_scratch_);
 }
 
 }  // namespace
 
-std::unique_ptr<Channel> make_mpi_channel(const CommImpl& comm, double timeout_s) {
-  return std::make_unique<MpiChannel>(comm, timeout_s);
+std::unique_ptr<Channel> make_mpi_channel(const CommImpl& comm, int64_t num_bytes,
+                                          double timeout_s) {
+  return std::make_unique<MpiChannel>(comm, num_bytes, timeout_s);
 }
 
 }  // namespace dsk::ep::detail

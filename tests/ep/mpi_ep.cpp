@@ -585,6 +585,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, EpTest,
                          ::testing::Values(Param{Transport::shared_memory, false},
                                            Param{Transport::shared_memory, true},
                                            Param{Transport::mpi_alltoallv, false},
+                                           Param{Transport::mpi_alltoallv, true},
                                            Param{Transport::mpi_one_sided, false},
                                            Param{Transport::mpi_one_sided, true}),
                          param_name);
