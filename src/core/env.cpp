@@ -37,6 +37,10 @@ const std::vector<Variable> kVariables = {
      true},
     {"DSK_EP_TIMEOUT_S", "300",
      "seconds an ep:: operation waits for its peer ranks before raising dsk::Error", false},
+    {"DSK_EP_PROGRESS_THREAD", "auto",
+     "1: async_finish operations move their data on the buffer's communication thread; 0: in "
+     "the call; auto: the thread when the rank may run on more than one CPU",
+     false},
 };
 
 std::string upper(std::string_view s) {

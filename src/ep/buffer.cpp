@@ -211,6 +211,7 @@ std::shared_ptr<std::byte> BufferImpl::low_latency_block(size_t bytes, const cha
 }
 
 void BufferImpl::execute(const std::shared_ptr<Operation>& op, bool async, const char* fn) {
+  async = async && progress_thread;  // else the call moves the data; the event is done on return
   ++outstanding;
   try {
     op->exchange = channel->start(op->spec, fn);
@@ -302,6 +303,7 @@ Buffer::Buffer(const Communicator& comm, const BufferConfig& config)
   b.rank = comm.rank();
   b.num_ranks = comm.size();
   b.timeout_s = detail::resolve_timeout_s(config.timeout_s);
+  b.progress_thread = detail::progress_thread_wanted();
 
   // Agree first, validate after: every rank sees the same gathered values and so raises the
   // same error, instead of one rank raising while the others wait for it.

@@ -8,6 +8,7 @@
 
 #include <dsk/core/env.hpp>
 #include <dsk/core/error.hpp>
+#include <dsk/core/threads.hpp>
 
 #include "ep/internal.hpp"
 
@@ -74,6 +75,12 @@ double resolve_timeout_s(double configured) {
   const double s = env::get_double("", "EP_TIMEOUT_S", 300.0);
   DSK_CHECK_ARG(s > 0, "dsk::ep", "DSK_EP_TIMEOUT_S", "a positive number of seconds", s);
   return s;
+}
+
+bool progress_thread_wanted() {
+  const std::string v = env::get_string("", "EP_PROGRESS_THREAD", "auto");
+  if (v == "auto") return allowed_cpus().size() > 1;
+  return env::get_bool("", "EP_PROGRESS_THREAD", true);
 }
 
 Waiter::Waiter(double timeout_s, const char* fn, const char* what)

@@ -46,6 +46,11 @@ void check_mpi(int rc, const char* fn, const char* what);
 
 // The seconds every wait may take: BufferConfig::timeout_s, else DSK_EP_TIMEOUT_S, else 300.
 double resolve_timeout_s(double configured);
+// DSK_EP_PROGRESS_THREAD: 1 yes, 0 no, auto (default) when this process may run on more than one
+// CPU. A rank bound to one CPU (mpirun binds each rank to a core when there are no more ranks
+// than cores) gains nothing from the thread: it can only take turns with the compute on that CPU
+// (measured in docs/ep.md).
+bool progress_thread_wanted();
 
 // Polls with a growing back-off (spin, then yield, then short sleeps so an idle rank leaves its
 // core to the ranks that work) and raises dsk::Error once `timeout_s` passed without progress.
@@ -249,6 +254,9 @@ struct BufferImpl {
   int rank = 0;
   int num_ranks = 1;
   int num_local_experts = 1;
+  // Whether async_finish hands the data movement to the communication thread (else the call
+  // moves it): see progress_thread_wanted().
+  bool progress_thread = true;
 
   ~BufferImpl();
 

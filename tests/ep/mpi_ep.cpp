@@ -472,6 +472,34 @@ TEST_P(EpTest, AsyncDispatchAndCombineEqualTheSynchronousOnes) {
             0);
 }
 
+// Without the communication thread (DSK_EP_PROGRESS_THREAD=0, the default for a rank bound to
+// one CPU) async_finish operations move their data in the call: the event is done on return, the
+// hook runs once on wait(), and the results equal the synchronous ones.
+TEST_P(EpTest, AsyncFinishWithoutTheThreadMovesTheDataInTheCall) {
+  dsk::test::ScopedEnv in_call("DSK_EP_PROGRESS_THREAD", "0");
+  auto buffer = make_buffer();
+  const auto [T, x, topk, w] = make_tokens();
+  const DispatchResult sync = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
+  const CombineResult sync_c = buffer->combine(sync.recv_x, sync.handle);
+  const DispatchResult async =
+      buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w, .async_finish = true});
+  EXPECT_TRUE(async.event.done());
+  int hook_calls = 0;
+  async.event.register_hook_after_wait([&] { ++hook_calls; });
+  async.event.wait();
+  async.event.wait();
+  EXPECT_EQ(hook_calls, 1);
+  ASSERT_EQ(async.recv_x.sizes(), sync.recv_x.sizes());
+  EXPECT_EQ(std::memcmp(async.recv_x.data_ptr(), sync.recv_x.data_ptr(), sync.recv_x.nbytes()), 0);
+  const CombineResult async_c = buffer->combine(async.recv_x, async.handle, {.async_finish = true});
+  EXPECT_TRUE(async_c.event.done());
+  EXPECT_EQ(std::memcmp(async_c.combined_x.data_ptr(), sync_c.combined_x.data_ptr(),
+                        sync_c.combined_x.nbytes()),
+            0);
+  // Nothing is outstanding, so destroy() goes through at once.
+  buffer->destroy();
+}
+
 // destroy() is refused while an operation is outstanding: rank 0's asynchronous combine returns
 // at once and cannot finish before the last rank, which joins late, sends its rows.
 TEST_P(EpTest, DestroyIsRefusedWhileAnOperationIsOutstanding) {

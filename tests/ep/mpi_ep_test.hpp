@@ -19,6 +19,8 @@
 #include <dsk/core.hpp>
 #include <dsk/ep.hpp>
 
+#include "common/test_util.hpp"
+
 namespace dsk::ep::test {
 
 inline int world_rank() {
@@ -233,6 +235,11 @@ struct Tokens {
 // Parameterised over the transports (instantiated once, in mpi_ep.cpp).
 class EpTest : public ::testing::TestWithParam<Param> {
  protected:
+  // async_finish moves the data on the communication thread even though mpirun binds each rank
+  // to one core (where the default moves it in the call): the tests of outstanding operations
+  // need it. AsyncFinishWithoutTheThreadMovesTheDataInTheCall checks the other mode.
+  dsk::test::ScopedEnv progress_thread_{"DSK_EP_PROGRESS_THREAD", "1"};
+
   static Communicator& comm() {
     static Communicator c = Communicator::world();
     return c;
