@@ -13,9 +13,9 @@
 // NOTES: every call is collective, so all ranks must make exactly the same number of calls. The
 // runner decides its call counts from the times a call reports, so each timed call here runs a
 // fixed, agreed number of iterations lasting well above the runner's warm-up time and reports the
-// slowest rank's seconds per iteration (identical on every rank). The peers are timed the same
-// way once in `prepare`; the peer callback replays that time, since the runner's own loop around
-// it would let the ranks disagree on the call count.
+// slowest rank's seconds per iteration (identical on every rank). Each such call also times the
+// peer the same way, right after; the peer callback replays the median of those times, since
+// the runner's own loop around it would let the ranks disagree on the call count.
 #include <unistd.h>
 
 #include <algorithm>
@@ -79,20 +79,6 @@ int agreed_iterations(const std::function<void()>& call, bool quick) {
   const double one = collective_seconds(call, 2);
   const double target = quick ? 0.03 : 0.15;
   return static_cast<int>(std::clamp(std::ceil(target / std::max(one, 1e-6)), 1.0, 1e5));
-}
-
-// Collective timing of `peer` (median of 5), replayed by a busy wait in the runner's loop.
-std::function<void(int)> replayed_peer(const std::function<void()>& peer, bool quick) {
-  const int iters = agreed_iterations(peer, quick);
-  std::vector<double> samples;
-  for (int i = 0; i < 5; ++i) samples.push_back(collective_seconds(peer, iters));
-  std::nth_element(samples.begin(), samples.begin() + 2, samples.end());
-  const double seconds = samples[2];
-  return [seconds](int) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    while (std::chrono::steady_clock::now() < end) {
-    }
-  };
 }
 
 struct Problem {
@@ -173,12 +159,29 @@ std::function<void()> alltoallv_peer(const Problem& p, size_t row_bytes, bool re
   return [sbuf, rbuf, to, from] { comm().alltoallv(sbuf->data(), to, rbuf->data(), from); };
 }
 
-Prepared timed(const std::function<void()>& call, double bytes, std::function<void(int)> peer,
+// The case and its peer, timed in turns: each timed call of the case is followed by one of the
+// peer, and the peer callback replays (by a busy wait, so that every rank makes the runner's
+// calls alike) the median of those peer samples. On a shared machine whose speed drifts over
+// seconds, both sides of the ratio then see the same moments.
+Prepared timed(const std::function<void()>& call, double bytes, const std::function<void()>& peer,
                bool quick) {
   const int iters = agreed_iterations(call, quick);
+  const int peer_iters = agreed_iterations(peer, quick);
+  auto peer_samples = std::make_shared<std::vector<double>>();
   Prepared prepared;
-  prepared.timed_kernel = [call, iters](int) { return collective_seconds(call, iters); };
-  prepared.peer = std::move(peer);
+  prepared.timed_kernel = [call, iters, peer, peer_iters, peer_samples](int) {
+    const double seconds = collective_seconds(call, iters);
+    peer_samples->push_back(collective_seconds(peer, peer_iters));
+    return seconds;
+  };
+  prepared.peer = [peer_samples](int) {
+    std::vector<double> s = *peer_samples;  // the runner times the peer after the case
+    std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
+    const auto end =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(s[s.size() / 2]);
+    while (std::chrono::steady_clock::now() < end) {
+    }
+  };
   prepared.bytes = bytes;
   return prepared;
 }
@@ -228,7 +231,7 @@ BenchCase transfer_case(Op op, ep::Transport transport) {
             }
             std::function<void()> peer = mpi ? alltoallv_peer(*p, kHidden * 2, op == Op::combine)
                                              : memcpy_peer(static_cast<int64_t>(bytes));
-            return timed(call, bytes, replayed_peer(peer, ctx.quick), ctx.quick);
+            return timed(call, bytes, peer, ctx.quick);
           }};
 }
 
@@ -271,8 +274,7 @@ BenchCase overlap_case() {
               dispatch(false);
               *sink += shared_expert_work(steps);
             };
-            return timed(overlapped, static_cast<double>(p->recv_bytes),
-                         replayed_peer(serial, ctx.quick), ctx.quick);
+            return timed(overlapped, static_cast<double>(p->recv_bytes), serial, ctx.quick);
           }};
 }
 
@@ -365,8 +367,8 @@ BenchCase low_latency_case(bool dispatch, ep::Transport transport) {
           call = [p] { p->buffer->low_latency_combine(p->y, p->topk, p->weights, p->handle); };
         }
         const auto& to = dispatch ? p->dispatch_bytes : p->combine_bytes;
-        return timed(call, low_latency_bytes(dispatch),
-                     replayed_peer(low_latency_peer(to, mpi, dispatch), ctx.quick), ctx.quick);
+        return timed(call, low_latency_bytes(dispatch), low_latency_peer(to, mpi, dispatch),
+                     ctx.quick);
       }};
 }
 
