@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/isa_test.hpp"
 #include "common/test_util.hpp"
 
 namespace dsk {
@@ -535,3 +536,8 @@ TEST(BulkConvertArgs, OddFp4CountsAreRejected) {
 
 }  // namespace
 }  // namespace dsk
+
+// The AVX-512 converters (test_dtype_avx512.cpp).
+namespace dsk::test {
+DSK_REGISTER_ISA_TESTS(convert_avx512_tests);
+}  // namespace dsk::test

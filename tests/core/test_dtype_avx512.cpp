@@ -13,6 +13,7 @@
 
 #include <dsk/kernels/tile/convert.hpp>
 
+#include "common/isa_test.hpp"
 #include "common/test_util.hpp"
 
 namespace dsk {
@@ -20,12 +21,6 @@ namespace {
 
 using numeric::bits_of;
 using numeric::float_of;
-
-#define DSK_SKIP_UNLESS_CONVERT_AVX512()                                            \
-  do {                                                                              \
-    DSK_SKIP_UNLESS_BACKEND(Backend::avx512);                                       \
-    if (!cpu_features().avx512_vbmi) GTEST_SKIP() << "this CPU has no AVX512-VBMI"; \
-  } while (0)
 
 uint64_t test_seed() {
   static const uint64_t seed = []() -> uint64_t {
@@ -83,8 +78,7 @@ void expect_same(const char* name, const std::vector<In>& in, const std::vector<
   EXPECT_EQ(bad, 0u) << name << ": " << bad << " of " << want.size() << " differ";
 }
 
-TEST(ConvertAvx512, E4m3ToBf16AndF32OnEveryCode) {
-  DSK_SKIP_UNLESS_CONVERT_AVX512();
+void e4m3_to_bf16_and_f32_on_every_code() {
   std::vector<e4m3> codes(256);
   for (int c = 0; c < 256; ++c) codes[c] = e4m3{static_cast<uint8_t>(c)};
   std::vector<bf16> want_bf16(256), got64(256), got32(256);
@@ -110,8 +104,7 @@ TEST(ConvertAvx512, E4m3ToBf16AndF32OnEveryCode) {
   expect_same("e4m3x16_to_f32", codes, got16, want_f32);
 }
 
-TEST(ConvertAvx512, E5m2F16AndBf16ToF32OnEveryCode) {
-  DSK_SKIP_UNLESS_CONVERT_AVX512();
+void e5m2_f16_and_bf16_to_f32_on_every_code() {
   std::vector<e5m2> e5(256);
   std::vector<float> want_e5(256), got_e5(256);
   for (int c = 0; c < 256; ++c) {
@@ -139,8 +132,7 @@ TEST(ConvertAvx512, E5m2F16AndBf16ToF32OnEveryCode) {
   expect_same("bf16x16_to_f32", words, got_b, want_b);
 }
 
-TEST(ConvertAvx512, E2m1ToF32AndBf16OnEveryByte) {
-  DSK_SKIP_UNLESS_CONVERT_AVX512();
+void e2m1_to_f32_and_bf16_on_every_byte() {
   std::vector<uint8_t> bytes(256);
   std::vector<float> want_f(512), got_f(512);
   std::vector<bf16> want_b(512), got_b(512);
@@ -197,15 +189,13 @@ void check_f32_encoders(const std::vector<float>& in) {
   expect_same("f32x16_to_e2m1", pairs, p, want_p);
 }
 
-TEST(ConvertAvx512, F32ToNarrowFormatsOnMillionsOfBitPatterns) {
-  DSK_SKIP_UNLESS_CONVERT_AVX512();
+void f32_to_narrow_formats_on_millions_of_bit_patterns() {
   SCOPED_TRACE("random seed " + std::to_string(test_seed()) + " (DSK_TEST_SEED)");
   check_f32_encoders(test_floats(size_t{1} << 21, test_seed()));  // 2M patterns
 }
 
 // MXCSR with DAZ, FTZ and round-up must not change any result: the converters are bit-level.
-TEST(ConvertAvx512, ResultsDoNotDependOnTheFpEnvironment) {
-  DSK_SKIP_UNLESS_CONVERT_AVX512();
+void results_do_not_depend_on_the_fp_environment() {
   SCOPED_TRACE("random seed " + std::to_string(test_seed()) + " (DSK_TEST_SEED)");
   std::vector<float> in = test_floats(size_t{1} << 16, test_seed() + 1);
   for (uint32_t m = 1; m < (1u << 23); m = m * 3 + 1) in.push_back(float_of(m));  // subnormals
@@ -241,8 +231,7 @@ void check_convert_n(const char* name, const std::vector<Src>& input, size_t val
   }
 }
 
-TEST(ConvertAvx512, ConvertNMatchesGenericOnEveryLength) {
-  DSK_SKIP_UNLESS_CONVERT_AVX512();
+void convert_n_matches_generic_on_every_length() {
   SCOPED_TRACE("random seed " + std::to_string(test_seed()) + " (DSK_TEST_SEED)");
   const std::vector<float> floats = test_floats(256, test_seed() + 2);
   std::vector<bf16> bf16s(256);
@@ -274,3 +263,20 @@ TEST(ConvertAvx512, ConvertNMatchesGenericOnEveryLength) {
 
 }  // namespace
 }  // namespace dsk
+
+// Registered by a baseline file (common/isa_test.hpp).
+namespace dsk::test {
+DSK_ISA_TESTS(convert_avx512_tests,
+              {"ConvertAvx512", "E4m3ToBf16AndF32OnEveryCode", Backend::avx512,
+               &e4m3_to_bf16_and_f32_on_every_code},
+              {"ConvertAvx512", "E5m2F16AndBf16ToF32OnEveryCode", Backend::avx512,
+               &e5m2_f16_and_bf16_to_f32_on_every_code},
+              {"ConvertAvx512", "E2m1ToF32AndBf16OnEveryByte", Backend::avx512,
+               &e2m1_to_f32_and_bf16_on_every_byte},
+              {"ConvertAvx512", "F32ToNarrowFormatsOnMillionsOfBitPatterns", Backend::avx512,
+               &f32_to_narrow_formats_on_millions_of_bit_patterns},
+              {"ConvertAvx512", "ResultsDoNotDependOnTheFpEnvironment", Backend::avx512,
+               &results_do_not_depend_on_the_fp_environment},
+              {"ConvertAvx512", "ConvertNMatchesGenericOnEveryLength", Backend::avx512,
+               &convert_n_matches_generic_on_every_length});
+}  // namespace dsk::test

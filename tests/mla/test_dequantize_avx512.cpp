@@ -6,6 +6,7 @@
 
 #include <dsk/kernels/mla/attention.hpp>
 
+#include "common/isa_test.hpp"
 #include "mla/mla_test_util.hpp"
 
 namespace dsk::mla_test {
@@ -15,8 +16,7 @@ namespace {
 // scale is a power of two, the f32 route otherwise) gives kv_format's bits on every backend: all
 // 256 codes (zeros and NaN included) under power-of-two scales from the smallest to the largest
 // the table route accepts, just past them, and scales that are not powers of two.
-TEST(KernelDequantization, GivesTheFormatsBits) {
-  DSK_SKIP_UNLESS_BACKEND(Backend::avx512);
+void gives_the_formats_bits() {
   const float scales[] = {1.0f,    0x1p-117f, 0x1p119f, 0x1p-118f, 0x1p120f, 0x1p-14f,
                           0x1p40f, 3.0f,      0.7f,     -2.0f,     0.0f,     1e-40f};
   std::vector<uint8_t> tk(kv_format::kTokenBytes);
@@ -48,3 +48,9 @@ TEST(KernelDequantization, GivesTheFormatsBits) {
 
 }  // namespace
 }  // namespace dsk::mla_test
+
+// Registered by a baseline file (common/isa_test.hpp).
+namespace dsk::test {
+DSK_ISA_TESTS(mla_dequantize_avx512_tests, {"KernelDequantization", "GivesTheFormatsBits",
+                                            Backend::avx512, &mla_test::gives_the_formats_bits});
+}  // namespace dsk::test

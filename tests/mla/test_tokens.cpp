@@ -7,6 +7,7 @@
 
 #include <dsk/core/error.hpp>
 
+#include "common/isa_test.hpp"
 #include "mla/mla_test_util.hpp"
 
 namespace dsk::mla_test {
@@ -200,3 +201,8 @@ TEST(KvTokens, BadInputsRaise) {
 
 }  // namespace
 }  // namespace dsk::mla_test
+
+// The kernels' FP8 token dequantization on AVX-512 (test_dequantize_avx512.cpp).
+namespace dsk::test {
+DSK_REGISTER_ISA_TESTS(mla_dequantize_avx512_tests);
+}  // namespace dsk::test

@@ -10,6 +10,7 @@
 #include <dsk/kernels/examples/scaled_rowsum.hpp>
 #include <dsk/ref.hpp>
 
+#include "common/isa_test.hpp"
 #include "common/test_util.hpp"
 
 namespace dsk {
@@ -69,8 +70,7 @@ void expect_bitwise_equal(const Tensor& a, const Tensor& b, const std::string& w
   EXPECT_EQ(std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()), 0) << what;
 }
 
-TEST(WorkedExample, ScaledRowsumThroughTheJitOnEveryBackend) {
-  DSK_SKIP_UNLESS_BACKEND(Backend::avx512);  // this TU's own code uses AVX-512
+void scaled_rowsum_through_the_jit_on_every_backend() {
   test::TempDir cache;
   test::ScopedEnv root("DSK_JIT_CACHE_DIR", cache.path().c_str());
   const std::vector<Backend> isas = {Backend::generic, Backend::avx512};
@@ -97,18 +97,7 @@ TEST(WorkedExample, ScaledRowsumThroughTheJitOnEveryBackend) {
   }
 }
 
-// Builds the AMX instantiation even where it cannot run, so the AMX path compiles everywhere.
-TEST(WorkedExample, AmxInstantiationCompiles) {
-  test::TempDir cache;
-  test::ScopedEnv root("DSK_JIT_CACHE_DIR", cache.path().c_str());
-  if (!jit::availability().available) GTEST_SKIP() << "no usable compiler for the JIT here";
-  const jit::Loaded loaded = jit::load(scaled_rowsum_source(Backend::amx, 256));
-  EXPECT_NE(loaded.entry, nullptr);
-  EXPECT_EQ(loaded.origin, jit::Origin::compiled);
-}
-
-TEST(WorkedExample, AmxInstantiationMatchesAvx512) {
-  DSK_SKIP_UNLESS_BACKEND(Backend::amx);
+void amx_instantiation_matches_avx512() {
   test::TempDir cache;
   test::ScopedEnv root("DSK_JIT_CACHE_DIR", cache.path().c_str());
   const Problem p = make_problem(45, 200, 7);
@@ -122,3 +111,12 @@ TEST(WorkedExample, AmxInstantiationMatchesAvx512) {
 
 }  // namespace
 }  // namespace dsk
+
+// Registered by a baseline file (common/isa_test.hpp).
+namespace dsk::test {
+DSK_ISA_TESTS(worked_example_avx512_tests,
+              {"WorkedExample", "ScaledRowsumThroughTheJitOnEveryBackend", Backend::avx512,
+               &scaled_rowsum_through_the_jit_on_every_backend},
+              {"WorkedExample", "AmxInstantiationMatchesAvx512", Backend::amx,
+               &amx_instantiation_matches_avx512});
+}  // namespace dsk::test

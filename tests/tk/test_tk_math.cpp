@@ -8,6 +8,7 @@
 
 #include <dsk/kernels/tk/math.hpp>
 
+#include "common/isa_test.hpp"
 #include "tk/tk_test.hpp"
 
 namespace dsk::tk::kernels {
@@ -149,3 +150,8 @@ TEST(TkMath, NegatedExpIsExpOfTheNegation) {
 
 }  // namespace
 }  // namespace dsk::tk::kernels
+
+// The AVX-512 elementary functions (test_tk_math_avx512.cpp).
+namespace dsk::test {
+DSK_REGISTER_ISA_TESTS(tk_math_avx512_tests);
+}  // namespace dsk::test

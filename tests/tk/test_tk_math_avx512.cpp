@@ -11,6 +11,7 @@
 
 #include <dsk/kernels/tk/math.hpp>
 
+#include "common/isa_test.hpp"
 #include "tk/tk_test.hpp"
 
 namespace dsk::tk::kernels {
@@ -38,8 +39,7 @@ void expect_same_bits(const char* name, Fn fn) {
   EXPECT_EQ(mismatches, 0) << name;
 }
 
-TEST(TkMathAvx512, EveryFunctionGivesTheGenericBits) {
-  DSK_SKIP_UNLESS_BACKEND(Backend::avx512);
+void every_function_gives_the_generic_bits() {
   expect_same_bits("exp", []<class S>(S, typename S::F v) { return exp<S>(v); });
   expect_same_bits("exp(-x)", []<class S>(S, typename S::F v) { return exp<S, true, -1>(v); });
   expect_same_bits("sigmoid", []<class S>(S, typename S::F v) { return sigmoid<S>(v); });
@@ -49,3 +49,10 @@ TEST(TkMathAvx512, EveryFunctionGivesTheGenericBits) {
 
 }  // namespace
 }  // namespace dsk::tk::kernels
+
+// Registered by a baseline file (common/isa_test.hpp).
+namespace dsk::test {
+DSK_ISA_TESTS(tk_math_avx512_tests,
+              {"TkMathAvx512", "EveryFunctionGivesTheGenericBits", Backend::avx512,
+               &tk::kernels::every_function_gives_the_generic_bits});
+}  // namespace dsk::test

@@ -5,6 +5,7 @@
 #include <limits>
 #include <random>
 
+#include "common/isa_test.hpp"
 #include "tk/tk_test.hpp"
 
 namespace dsk::tk {
@@ -336,3 +337,8 @@ TEST(QuantBackends, AreBitwiseIdentical) {
 
 }  // namespace
 }  // namespace dsk::tk
+
+// The integer e4m3 and e2m1 paths on AVX-512 (test_tk_quant_avx512.cpp).
+namespace dsk::test {
+DSK_REGISTER_ISA_TESTS(tk_quant_avx512_tests);
+}  // namespace dsk::test

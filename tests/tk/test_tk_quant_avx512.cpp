@@ -9,6 +9,7 @@
 
 #include <dsk/kernels/tk/quant.hpp>
 
+#include "common/isa_test.hpp"
 #include "tk/tk_test.hpp"
 
 namespace dsk::tk {
@@ -29,8 +30,7 @@ uint8_t f32_path(bf16 x, int k) {
   return numeric::f32_to_e4m3(numeric::bf16_to_f32(x) * std::ldexp(1.0f, k)).bits;
 }
 
-TEST(QuantBf16E4m3, RangeAndCodesOfTheIntegerPathForEveryBf16AndExponent) {
-  DSK_SKIP_UNLESS_BACKEND(Backend::avx512);
+void range_and_codes_of_the_integer_path_for_every_bf16_and_exponent() {
   const std::vector<bf16> x = every_bf16();
   int64_t in_range = 0;
   for (int k = -126; k <= 120; ++k) {
@@ -54,8 +54,7 @@ TEST(QuantBf16E4m3, RangeAndCodesOfTheIntegerPathForEveryBf16AndExponent) {
   EXPECT_GT(in_range, 247 * 1000);
 }
 
-TEST(QuantBf16E4m3, StoreIsTheF32PathOnBothBackendsWithFallback) {
-  DSK_SKIP_UNLESS_BACKEND(Backend::avx512);
+void store_is_the_f32_path_on_both_backends_with_fallback() {
   const std::vector<bf16> x = every_bf16();  // vectors with zeros, subnormals, inf, NaN too
   std::vector<uint8_t> avx(x.size()), generic(x.size());
   for (int k : {-126, -119, -60, -7, 0, 3, 22, 119, 120}) {
@@ -78,8 +77,7 @@ TEST(QuantBf16E4m3, StoreIsTheF32PathOnBothBackendsWithFallback) {
 // The e2m1 integer path (thresholds scaled by 2^-k on the bf16 bits) on every bf16 pattern
 // (zeros, subnormals, inf, NaN of both signs included) and every exponent it takes, against the
 // f32 path and the generic Simd store, byte for byte.
-TEST(QuantBf16E2m1, IntegerPathIsTheF32PathForEveryBf16AndExponent) {
-  DSK_SKIP_UNLESS_BACKEND(Backend::avx512);
+void integer_path_is_the_f32_path_for_every_bf16_and_exponent() {
   const std::vector<bf16> x = every_bf16();
   std::vector<uint8_t> avx(x.size() / 2), generic(x.size() / 2);
   for (int k = -125; k <= 124; ++k) {
@@ -106,8 +104,7 @@ TEST(QuantBf16E2m1, IntegerPathIsTheF32PathForEveryBf16AndExponent) {
 
 // The f32 variant: random bit patterns, and values drawn near the two ends of the range (the
 // exponents around 2^(-6-k), mantissas around 464 * 2^-k), every scale exponent.
-TEST(QuantBf16E4m3, F32IntegerPathIsTheF32Path) {
-  DSK_SKIP_UNLESS_BACKEND(Backend::avx512);
+void f32_integer_path_is_the_f32_path() {
   std::mt19937 rng(static_cast<uint32_t>(test::fresh_seed()));
   alignas(64) uint32_t bits[16];
   for (int k = -126; k <= 120; ++k) {
@@ -138,8 +135,7 @@ TEST(QuantBf16E4m3, F32IntegerPathIsTheF32Path) {
   }
 }
 
-TEST(QuantBf16E4m3, AbsMaxIsTheF32AbsMax) {
-  DSK_SKIP_UNLESS_BACKEND(Backend::avx512);
+void abs_max_is_the_f32_abs_max() {
   std::vector<bf16> x = every_bf16();
   // Windows of 32 patterns at every offset, so each position holds the maximum somewhere, NaN and
   // inf included.
@@ -157,3 +153,19 @@ TEST(QuantBf16E4m3, AbsMaxIsTheF32AbsMax) {
 
 }  // namespace
 }  // namespace dsk::tk
+
+// Registered by a baseline file (common/isa_test.hpp).
+namespace dsk::test {
+DSK_ISA_TESTS(tk_quant_avx512_tests,
+              {"QuantBf16E4m3", "RangeAndCodesOfTheIntegerPathForEveryBf16AndExponent",
+               Backend::avx512,
+               &tk::range_and_codes_of_the_integer_path_for_every_bf16_and_exponent},
+              {"QuantBf16E4m3", "StoreIsTheF32PathOnBothBackendsWithFallback", Backend::avx512,
+               &tk::store_is_the_f32_path_on_both_backends_with_fallback},
+              {"QuantBf16E2m1", "IntegerPathIsTheF32PathForEveryBf16AndExponent", Backend::avx512,
+               &tk::integer_path_is_the_f32_path_for_every_bf16_and_exponent},
+              {"QuantBf16E4m3", "F32IntegerPathIsTheF32Path", Backend::avx512,
+               &tk::f32_integer_path_is_the_f32_path},
+              {"QuantBf16E4m3", "AbsMaxIsTheF32AbsMax", Backend::avx512,
+               &tk::abs_max_is_the_f32_abs_max});
+}  // namespace dsk::test
