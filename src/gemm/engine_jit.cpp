@@ -4,6 +4,7 @@
 // text). All of them run the same template, so they give the same bits.
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 
 #include <cstdio>
@@ -70,12 +71,13 @@ jit::KernelSource kernel_source(Backend isa, const kg::GemmConfig& c) {
 }
 
 jit::Kernel<kg::GemmArgs> kernel(Backend isa, const kg::GemmConfig& c) {
-  using Key = std::tuple<Backend, kg::Path, kg::Elem, kg::Elem, kg::OutType, int, int, int, bool>;
+  using Key =
+      std::tuple<Backend, kg::Path, kg::Elem, kg::Elem, kg::OutType, int, int, int, std::string>;
   static std::mutex mutex;
   static std::map<Key, jit::Kernel<kg::GemmArgs>> kernels;
   // Read every call: tests turn the JIT off and on (DSK_GEMM_JIT > DSK_JIT).
-  const bool jit_on = env::get_bool("GEMM", "JIT", true);
-  const Key key{isa, c.path, c.a_type, c.b_type, c.d_type, c.n, c.k, c.block_k, jit_on};
+  const std::string jit_mode = env::get_string("GEMM", "JIT", "auto");
+  const Key key{isa, c.path, c.a_type, c.b_type, c.d_type, c.n, c.k, c.block_k, jit_mode};
   std::lock_guard lock(mutex);
   if (auto it = kernels.find(key); it != kernels.end()) return it->second;
   const KernelFn fallback = runtime_variant(isa, c.path);

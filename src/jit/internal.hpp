@@ -26,7 +26,11 @@ struct Unavailable {
 struct Settings {
   std::string module;
   bool enabled = true;
-  std::string disabled_by;            // the variable that turned the JIT off
+  std::string disabled_by;  // the variable that turned the JIT off
+  // DSK_JIT=1: get() compiles generic kernels too. The default (auto) compiles the avx512 and amx
+  // ones only: a shape-specialised generic kernel took 8-36 s to compile on an AMD Zen 3 and ran
+  // 0.8-1.5x its runtime-shape variant (docs/jit.md).
+  bool compile_generic = false;
   std::vector<std::string> compiler;  // program and leading arguments
   std::vector<std::string> user_flags;
   std::vector<fs::path> roots;

@@ -394,6 +394,15 @@ namespace detail {
 
 Resolved resolve(const KernelSource& source) {
   validate("dsk::jit::get", source);
+  if (source.isa == Backend::generic) {
+    const Settings settings = read_settings(source.module);
+    if (settings.enabled && !settings.compile_generic) {  // DSK_JIT=auto: not worth compiling
+      const Entry aot = find_aot(source.instantiation);
+      debug_log(settings, fmt::format("{}: generic, not compiled (DSK_JIT=auto): {}", source.name,
+                                      aot ? "ahead-of-time" : "runtime-shape variant"));
+      return aot ? Resolved{aot, Provider::aot} : Resolved{nullptr, Provider::runtime};
+    }
+  }
   try {
     return Resolved{load_unchecked(source, {}).entry, Provider::jit};
   } catch (const Unavailable& u) {

@@ -1,6 +1,7 @@
 // The JIT's settings from the environment (DSK_<MODULE>_JIT_* > DSK_JIT_* > defaults), where
 // the kernel headers are, and its warnings.
 #include <dlfcn.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -132,7 +133,13 @@ std::string shell_join(const std::vector<std::string>& words) {
 Settings read_settings(std::string_view module) {
   Settings s;
   s.module = std::string(module);
-  s.enabled = env::get_bool(module, "JIT", true);
+  const std::optional<std::string> mode = env::lookup(module, "JIT");
+  if (!mode || split_words(*mode).empty() || strcasecmp(mode->c_str(), "auto") == 0) {
+    s.enabled = true;
+  } else {
+    s.enabled = env::get_bool(module, "JIT", true);  // dsk::Error for anything else
+    s.compile_generic = s.enabled;
+  }
   if (!s.enabled) s.disabled_by = disabling_variable(module);
   if (auto cxx = non_blank(env::lookup(module, "JIT_CXX")))
     s.compiler = split_words(*cxx);

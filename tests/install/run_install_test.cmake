@@ -20,7 +20,7 @@ endforeach()
 run(${CMAKE_COMMAND} -S "${SRC}/tests/install/consumer" -B "${WORK}/build" -G Ninja
     -DCMAKE_PREFIX_PATH=${WORK}/prefix -DCMAKE_CXX_COMPILER=${CXX})
 run(${CMAKE_COMMAND} --build "${WORK}/build")
-run(${CMAKE_COMMAND} -E env DSK_JIT_CACHE_DIR=${WORK}/jit-cache --unset=DSK_JIT_INCLUDE_DIR
+run(${CMAKE_COMMAND} -E env DSK_JIT_CACHE_DIR=${WORK}/jit-cache DSK_JIT=1 --unset=DSK_JIT_INCLUDE_DIR
     "${WORK}/build/consumer" "${WORK}/prefix")
 message(STATUS "${last_output}")
 if(NOT last_output MATCHES "consumer ok")

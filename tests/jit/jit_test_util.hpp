@@ -177,7 +177,8 @@ class JitTest : public ::testing::Test {
   test::TempDir cache_;
   test::TempDir scratch_;
   test::ScopedEnv cache_dir_{"DSK_JIT_CACHE_DIR", cache_.path().c_str()};
-  test::ScopedEnv jit_{"DSK_JIT", nullptr};
+  test::ScopedEnv jit_{"DSK_JIT",
+                       "1"};  // the sample kernels are generic (auto would not build them)
   test::ScopedEnv cxx_{"DSK_JIT_CXX", DSK_TEST_CXX_COMPILER};
   test::ScopedEnv flags_{"DSK_JIT_FLAGS", nullptr};
   test::ScopedEnv debug_{"DSK_JIT_DEBUG", nullptr};

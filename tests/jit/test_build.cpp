@@ -166,6 +166,36 @@ TEST_F(JitBuild, AheadOfTimeAndRuntimeVariantsGiveTheJitBits) {
   }
 }
 
+// DSK_JIT=auto (the default): get() takes a generic kernel from its AOT instantiation or runtime
+// variant without compiling it or warning, and still compiles the other backends' kernels;
+// DSK_JIT=1 and load() compile generic ones too.
+TEST_F(JitBuild, AutoCompilesOnlyTheNonGenericKernels) {
+  const KernelSource registered = sample(64, 4);  // compiled into libdsk ahead of time
+  const KernelSource unregistered = sample(48, 3);
+  KernelSource avx512 = sample(32, 2);
+  avx512.name = "rowsum_f32_c32r2_avx512";
+  avx512.isa = Backend::avx512;  // compiled, never run: this CPU may lack AVX-512
+  for (const char* mode : {static_cast<const char*>(nullptr), "auto", "AUTO", " "}) {
+    SCOPED_TRACE(mode ? mode : "unset");
+    test::ScopedEnv env("DSK_JIT", mode);
+    detail::reset_process_state();
+    ::testing::internal::CaptureStderr();
+    EXPECT_EQ(get<RowsumArgs>(registered, &rowsum_runtime).provider(), Provider::aot);
+    EXPECT_EQ(get<RowsumArgs>(unregistered, &rowsum_runtime).provider(), Provider::runtime);
+    EXPECT_EQ(stats().compiles, 0u);
+    EXPECT_EQ(get<RowsumArgs>(avx512, &rowsum_runtime).provider(), Provider::jit);
+    EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << "auto is not a fallback";
+    EXPECT_TRUE(availability().available);
+  }
+  {
+    test::ScopedEnv unset("DSK_JIT", nullptr);
+    EXPECT_EQ(load(unregistered).origin, Origin::compiled) << "load() compiles what it is asked";
+  }
+  detail::reset_process_state();
+  test::ScopedEnv on("DSK_JIT", "1");
+  EXPECT_EQ(get<RowsumArgs>(unregistered, &rowsum_runtime).provider(), Provider::jit);
+}
+
 TEST_F(JitBuild, AvailabilitySaysWhyNot) {
   EXPECT_TRUE(availability().available) << availability().reason;
   {

@@ -73,6 +73,7 @@ void expect_bitwise_equal(const Tensor& a, const Tensor& b, const std::string& w
 void scaled_rowsum_through_the_jit_on_every_backend() {
   test::TempDir cache;
   test::ScopedEnv root("DSK_JIT_CACHE_DIR", cache.path().c_str());
+  test::ScopedEnv generic_too("DSK_JIT", "1");
   const std::vector<Backend> isas = {Backend::generic, Backend::avx512};
   if (!jit::availability().available) GTEST_SKIP() << "no usable compiler for the JIT here";
   for (auto [rows, cols] : {std::pair{1, 7}, {16, 32}, {37, 100}, {70, 256}}) {
