@@ -75,7 +75,7 @@ struct DotVectors<avx512_t> {
 // result, so rounding the f64 sum to f32 still gives the correctly rounded f32 sum. Then FTZ,
 // with tininess after rounding (x86): the sum rounded to 24 bits with an unbounded exponent,
 // which is the f32 rounding of the sum scaled by 2^64, must reach 2^-126.
-inline float bf16_fma_ftz(float a, float b, float c) {
+__attribute__((always_inline)) inline float bf16_fma_ftz(float a, float b, float c) {
   const double sum = static_cast<double>(a) * static_cast<double>(b) + static_cast<double>(c);
   const float r = static_cast<float>(sum);
   if (std::fabs(r) > 0x1p-126f) return r;
@@ -83,8 +83,11 @@ inline float bf16_fma_ftz(float a, float b, float c) {
   return std::fabs(scaled) < 0x1p-62f ? std::copysign(0.0f, r) : r;
 }
 
-// One VDPBF16PS lane, with the hardware's order and its DAZ / FTZ / RNE environment.
-inline float dot_pair_generic(float acc, uint32_t a_pair, uint32_t b_pair) {
+// One VDPBF16PS lane, with the hardware's order and its DAZ / FTZ / RNE environment. Always
+// inlined: the compiler kept it out of line, so every lane of the generic dot tiles went through
+// libdsk's PLT (60% of a generic model step; 18% fewer CPU samples inlined, AMD Zen 3).
+__attribute__((always_inline)) inline float dot_pair_generic(float acc, uint32_t a_pair,
+                                                             uint32_t b_pair) {
   const auto half = [](uint32_t pair, int j) {
     return daz(numeric::float_of(j == 0 ? pair << 16 : pair & 0xFFFF0000u));
   };
