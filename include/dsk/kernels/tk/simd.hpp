@@ -26,9 +26,16 @@
 #include <immintrin.h>
 #endif
 
-// The hot helpers of the tk kernels are always inlined, so that the compile-time shapes of AOT
-// instances reach their loops and no call goes through the shared library's PLT.
+// The hot helpers of the tk kernels are always inlined on AVX-512, so that the compile-time shapes
+// of AOT instances reach their loops and no call goes through the shared library's PLT. The
+// generic backend leaves the choice to the compiler: forced inlining of its emulated vectors made
+// src/tk/kernels_generic.cpp take 260 s to compile (470 s under the sanitizers), every row kernel
+// one huge function, and `dsk bench tk` on an AMD Zen 3 ran the same within its noise.
+#if DSK_TILE_HAS_AVX512
 #define DSK_TK_INLINE __attribute__((always_inline)) inline
+#else
+#define DSK_TK_INLINE inline
+#endif
 
 namespace dsk::tk::kernels {
 inline namespace DSK_TILE_ABI {
