@@ -1,8 +1,9 @@
 // The upstream normal grid at full size (label "slow"): every (N, K) pair of tests/generators.py
-// with M in {1, 16, 128, 513} ({1, 16, 129} on the generic backend), for BF16 and for FP8 (per-token A, per-block B, FP32 scales), B
-// pre-packed once per pair and raw. The full products are computed by the kernels; a sample of
-// rows (the first, the last and random ones) is checked against dsk::ref, and every element of D
-// against the NaN poison. (The fast suite runs the same grid with N and K divided by 16.)
+// with M in {1, 16, 128, 513} ({1, 16, 129} on the generic backend), for BF16 and for FP8
+// (per-token A, per-block B, FP32 scales), B pre-packed once per pair and raw. The full products
+// are computed by the kernels; a sample of rows (the first, the last and random ones) is checked
+// against dsk::ref, and every element of D against the NaN poison. (The fast suite runs the same
+// grid with N and K divided by 16.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
