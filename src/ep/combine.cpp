@@ -123,9 +123,8 @@ struct CombineOp final : Operation {
   // Hold mode: per expert rank, where each record is readable, how many arrived, the token each
   // record belongs to (stream order), and how many of them no unreduced token reads.
   bool held = false;
-  std::vector<std::vector<const std::byte*>> held_at;
-  std::vector<std::vector<const std::byte*>> held_row;  // each record's row (hold_rows), else
-                                                        // the record itself
+  std::vector<std::vector<const std::byte*>> held_row;   // each record's row
+  std::vector<std::vector<const std::byte*>> held_tail;  // the rest of it (its weights)
   std::vector<int64_t> arrived;
   std::vector<std::vector<int32_t>> record_token;
   std::vector<int64_t> released;
@@ -135,24 +134,28 @@ struct CombineOp final : Operation {
 
   void pack(int d, int64_t first, int64_t n, std::byte* dst);
   void pack_slots(int d, int64_t first, int64_t n, std::byte* dst);
-  const std::byte* staged(int r, int64_t index) const {
-    if (held) return held_at[r][index];
+  // Record `index` from rank r: its row, and its tail (what follows the row: the weights).
+  const std::byte* staged_row(int r, int64_t index) const {
+    if (held) return held_row[r][index];
     return static_cast<const std::byte*>(stage.data_ptr()) +
            static_cast<size_t>(stage_offset[r] + index) * spec.record_bytes;
   }
-  const std::byte* staged_row(int r, int64_t index) const {
-    return held ? held_row[r][index] : staged(r, index);
+  const std::byte* staged_tail(int r, int64_t index) const {
+    return held ? held_tail[r][index] : staged_row(r, index) + row_bytes;
   }
-  // Token t's record from rank r (its weights follow the row's room) and its row.
-  const std::byte* record(int r, int64_t t) const {
-    return staged(r, plan->send_pos[t * plan->num_ranks + r]);
+  // Token t's record from rank r.
+  int64_t record_of(int r, int64_t t) const { return plan->send_pos[t * plan->num_ranks + r]; }
+  const std::byte* row(int r, int64_t t) const { return staged_row(r, record_of(r, t)); }
+  const std::byte* tail(int r, int64_t t) const { return staged_tail(r, record_of(r, t)); }
+  // The record of slot k of token t (single reduction): its expert rank and index.
+  int slot_rank(int64_t t, int k) const {
+    return plan->topk[t * c.K + k] / plan->num_local_experts;
   }
-  const std::byte* row(int r, int64_t t) const {
-    return staged_row(r, plan->send_pos[t * plan->num_ranks + r]);
+  const std::byte* slot_row(int64_t t, int k) const {
+    return staged_row(slot_rank(t, k), slot_record[t * c.K + k]);
   }
-  const std::byte* slot(int64_t t, int k) const {
-    const int64_t i = t * c.K + k;
-    return staged(plan->topk[i] / plan->num_local_experts, slot_record[i]);
+  const std::byte* slot_tail(int64_t t, int k) const {
+    return staged_tail(slot_rank(t, k), slot_record[t * c.K + k]);
   }
   // Appends token t's rows to `rows` in reduction order (and fills its weights); returns the
   // new count.
@@ -207,10 +210,8 @@ int CombineOp::partial_rows(const bf16** rows, int n, float* w, int64_t t, int* 
   for (int i = 0; i < m; ++i) rows[n++] = reinterpret_cast<const bf16*>(row(ranks[i], t));
   for (int k = 0; k < c.K && w; ++k) {
     const int32_t e = plan->topk[t * c.K + k];
-    w[k] =
-        e < 0
-            ? 0.0f
-            : reinterpret_cast<const float*>(record(e / plan->num_local_experts, t) + row_bytes)[k];
+    w[k] = 0.0f;
+    if (e >= 0) std::memcpy(&w[k], tail(e / plan->num_local_experts, t) + 4 * k, 4);
   }
   return n;
 }
@@ -219,10 +220,10 @@ int CombineOp::partial_rows(const bf16** rows, int n, float* w, int64_t t, int* 
 int CombineOp::slot_rows_of(const bf16** rows, int n, float* w, int64_t t) const {
   for (int k = 0; k < c.K; ++k) {
     const bool routed = plan->topk[t * c.K + k] >= 0;
-    if (routed) rows[n++] = reinterpret_cast<const bf16*>(slot(t, k));
+    if (routed) rows[n++] = reinterpret_cast<const bf16*>(slot_row(t, k));
     if (!w) continue;
     w[k] = 0.0f;
-    if (routed) std::memcpy(&w[k], slot(t, k) + row_bytes, 4);  // 2H need not be 4-aligned
+    if (routed) std::memcpy(&w[k], slot_tail(t, k), 4);  // 2H need not be 4-aligned
   }
   return n;
 }
@@ -376,11 +377,11 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
   op->held = b.channel->holds_records();
   if (op->held) {
     if (!op->single) op->record_token = plan.send_list;
-    op->held_at.resize(R);
     op->held_row.resize(R);
+    op->held_tail.resize(R);
     for (int r = 0; r < R; ++r) {
-      op->held_at[r].resize(static_cast<size_t>(expected[r]));
       op->held_row[r].resize(static_cast<size_t>(expected[r]));
+      op->held_tail[r].resize(static_cast<size_t>(expected[r]));
     }
     op->arrived.assign(R, 0);
     op->released.assign(R, 0);
@@ -411,11 +412,10 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
     };
     spec.pack_direct = [self](int d, int64_t first, int64_t n, std::byte* dst, std::byte* rows) {
       const int64_t H = self->c.H, K = self->c.K;
-      for (int64_t i = 0; i < n; ++i, dst += self->spec.record_bytes) {
+      for (int64_t i = 0; i < n; ++i, dst += self->spec.tail_bytes()) {
         const int64_t row = self->plan->recv_offset[d] + first + i;
         if (rows) std::memcpy(rows + i * self->row_bytes, self->c.x + row * H, self->row_bytes);
-        if (self->c.weights)
-          std::memcpy(dst + self->row_bytes, self->c.weights + row * K, self->w_bytes);
+        if (self->c.weights) std::memcpy(dst, self->c.weights + row * K, self->w_bytes);
       }
     };
   }
@@ -435,8 +435,8 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
     spec.hold = [self](int r, int64_t first, int64_t n, const std::byte* src) {
       const size_t rb = self->spec.record_bytes;
       for (int64_t i = 0; i < n; ++i) {
-        self->held_at[r][first + i] = src + static_cast<size_t>(i) * rb;
-        self->held_row[r][first + i] = self->held_at[r][first + i];
+        self->held_row[r][first + i] = src + static_cast<size_t>(i) * rb;
+        self->held_tail[r][first + i] = src + static_cast<size_t>(i) * rb + self->row_bytes;
       }
       self->arrived[r] = first + n;
       self->reduce_arrived();
@@ -444,10 +444,10 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
     if (spec.direct_row_bytes > 0) {
       spec.hold_rows = [self](int r, int64_t first, int64_t n, const std::byte* src,
                               const std::byte* rows) {
-        const size_t rb = self->spec.record_bytes, row = self->row_bytes;
+        const size_t tail = self->spec.tail_bytes(), row = self->row_bytes;
         for (int64_t i = 0; i < n; ++i) {
-          self->held_at[r][first + i] = src + static_cast<size_t>(i) * rb;
           self->held_row[r][first + i] = rows + static_cast<size_t>(i) * row;
+          self->held_tail[r][first + i] = src + static_cast<size_t>(i) * tail;
         }
         self->arrived[r] = first + n;
         self->reduce_arrived();

@@ -3,6 +3,7 @@
 //
 // Record of one (token, destination) pair: [x row][FP8 scales][int32 global ids x K][f32 weights
 // x K][int32 source token], each part present only when the operation carries it, padded to 16.
+// Without expansion the row may travel apart (direct rows), the rest as a dense tail.
 #include <algorithm>
 #include <cstring>
 
@@ -207,7 +208,8 @@ struct Receiver {
   Tensor recv_x, recv_sf, recv_idx, recv_w, recv_src_idx, meta;
 
   void on_headers(ExchangeSpec& spec);
-  // rows_landed: the records' rows were written straight into recv_x (direct rows).
+  // rows_landed: the records' rows were written straight into recv_x (direct rows), and src
+  // holds their tails (ExchangeSpec::tail_bytes() apart).
   void unpack(int s, int64_t first, int64_t n, const std::byte* src, bool rows_landed);
   // Direct rows: where row 0 of sender s's records goes, when recv_x is a shared output.
   std::byte* direct_dest(int s);
@@ -294,20 +296,28 @@ void Receiver::unpack(int s, int64_t first, int64_t n, const std::byte* src, boo
   auto* out_sf = in->fp8 ? static_cast<std::byte*>(recv_sf.data_ptr()) : nullptr;
   float* out_w = in->weights ? recv_w.data<float>() : nullptr;
   int32_t* out_meta = meta.data<int32_t>();
+  int32_t* out_src = recv_src_idx.data<int32_t>();
+  const bool has_idx = recv_idx.defined();
+  int64_t* out_idx64 = has_idx && in->idx_dtype == DType::i64 ? recv_idx.data<int64_t>() : nullptr;
+  int32_t* out_idx32 = has_idx && in->idx_dtype != DType::i64 ? recv_idx.data<int32_t>() : nullptr;
+  // With rows_landed src holds tails (the records from rec.sf on): the parts sit rec.sf earlier.
+  const size_t skip = rows_landed ? rec.sf : 0;
+  const size_t stride = rec.bytes - skip;
   for (int64_t i = 0; i < n; ++i) {
-    const std::byte* r = src + static_cast<size_t>(i) * rec.bytes;
+    const std::byte* r = src + static_cast<size_t>(i) * stride;
+    auto part = [&](size_t offset) { return r + (offset - skip); };
     const int64_t row = plan->recv_offset[s] + first + i;
     int32_t token = 0;
-    std::memcpy(&token, r + rec.src, 4);
-    recv_src_idx.data<int32_t>()[row] = token;
+    std::memcpy(&token, part(rec.src), 4);
+    out_src[row] = token;
     int32_t* m = out_meta + row * (2 + K);
     m[0] = static_cast<int32_t>(s * tmax + token);
     m[1] = -1;
     for (int k = 0; k < K; ++k) m[2 + k] = -1;
     int32_t ids[kMaxTopk];
     float w[kMaxTopk];
-    if (rec.ids_bytes) std::memcpy(ids, r + rec.ids, rec.ids_bytes);
-    if (rec.weights_bytes) std::memcpy(w, r + rec.weights, rec.weights_bytes);
+    if (rec.ids_bytes) std::memcpy(ids, part(rec.ids), rec.ids_bytes);
+    if (rec.weights_bytes) std::memcpy(w, part(rec.weights), rec.weights_bytes);
     int local[kMaxTopk];
     for (int k = 0; k < K && rec.ids_bytes; ++k) {
       local[k] = ids[k] >= lo && ids[k] < lo + El ? ids[k] - lo : -1;
@@ -315,13 +325,10 @@ void Receiver::unpack(int s, int64_t first, int64_t n, const std::byte* src, boo
     }
     if (!in->expand) {
       if (!rows_landed) std::memcpy(out_x + row * rec.x_bytes, r + rec.x, rec.x_bytes);
-      if (out_sf) std::memcpy(out_sf + row * rec.sf_bytes, r + rec.sf, rec.sf_bytes);
+      if (out_sf) std::memcpy(out_sf + row * rec.sf_bytes, part(rec.sf), rec.sf_bytes);
       for (int k = 0; k < K && rec.ids_bytes; ++k) {
-        if (in->idx_dtype == DType::i64) {
-          recv_idx.data<int64_t>()[row * K + k] = local[k];
-        } else {
-          recv_idx.data<int32_t>()[row * K + k] = local[k];
-        }
+        if (out_idx64) out_idx64[row * K + k] = local[k];
+        if (out_idx32) out_idx32[row * K + k] = local[k];
         if (out_w) out_w[row * K + k] = local[k] >= 0 ? w[k] : 0.0f;
       }
       continue;
@@ -330,7 +337,7 @@ void Receiver::unpack(int s, int64_t first, int64_t n, const std::byte* src, boo
       if (local[k] < 0) continue;
       const int64_t erow = cursor[s][local[k]]++;
       std::memcpy(out_x + erow * rec.x_bytes, r + rec.x, rec.x_bytes);
-      if (out_sf) std::memcpy(out_sf + erow * rec.sf_bytes, r + rec.sf, rec.sf_bytes);
+      if (out_sf) std::memcpy(out_sf + erow * rec.sf_bytes, part(rec.sf), rec.sf_bytes);
       if (out_w) out_w[erow] = w[k];
       m[2 + k] = static_cast<int32_t>(erow);
       plan->expanded_rows[row * K + k] = static_cast<int32_t>(erow);
@@ -476,20 +483,25 @@ DispatchResult run_dispatch(BufferImpl& b, const Tensor& x, const Tensor* x_sf,
   DispatchOp* self = op.get();
   // rows: where the records' rows go (direct rows), or null for "in the records" (in_record)
   // or "not at all" (the channel moves them).
+  // in_record: whole records (the row included) at dst; else tails (the records from rec.sf on)
+  // at dst, rows to `rows` when it is not null.
   auto pack = [self](int d, int64_t first, int64_t n, std::byte* dst, std::byte* rows,
                      bool in_record) {
     const RecordLayout& rec = self->recv.rec;
     const Inputs& in = self->in;
     const Plan& plan = *self->plan;
-    for (int64_t i = 0; i < n; ++i, dst += rec.bytes) {
-      const int32_t t = plan.send_list[d][first + i];
-      if (rows || in_record)
-        std::memcpy(rows ? rows + i * rec.x_bytes : dst + rec.x, in.x + t * in.x_row, rec.x_bytes);
-      if (rec.sf_bytes) std::memcpy(dst + rec.sf, in.sf + t * in.sf_row, rec.sf_bytes);
-      if (rec.ids_bytes) std::memcpy(dst + rec.ids, plan.topk.data() + t * in.K, rec.ids_bytes);
+    const size_t skip = in_record ? 0 : rec.sf;
+    const int32_t* tokens = plan.send_list[d].data() + first;
+    for (int64_t i = 0; i < n; ++i, dst += rec.bytes - skip) {
+      const int32_t t = tokens[i];
+      auto part = [&](size_t offset) { return dst + (offset - skip); };
+      if (in_record) std::memcpy(dst + rec.x, in.x + t * in.x_row, rec.x_bytes);
+      if (rows) std::memcpy(rows + i * rec.x_bytes, in.x + t * in.x_row, rec.x_bytes);
+      if (rec.sf_bytes) std::memcpy(part(rec.sf), in.sf + t * in.sf_row, rec.sf_bytes);
+      if (rec.ids_bytes) std::memcpy(part(rec.ids), plan.topk.data() + t * in.K, rec.ids_bytes);
       if (rec.weights_bytes)
-        std::memcpy(dst + rec.weights, in.weights + t * in.K, rec.weights_bytes);
-      std::memcpy(dst + rec.src, &t, 4);
+        std::memcpy(part(rec.weights), in.weights + t * in.K, rec.weights_bytes);
+      std::memcpy(part(rec.src), &t, 4);
     }
   };
   spec.pack = [pack](int d, int64_t first, int64_t n, std::byte* dst) {

@@ -93,24 +93,26 @@ struct ExchangeSpec {
   // them, so the receiver can use them in place, in an order of its own.
   std::function<void(int peer, int64_t first, int64_t n, const std::byte* src)> hold;
   std::function<int64_t(int peer)> released;
-  // Optional, with hold and direct rows: as hold, but the records' rows are not in the records:
-  // row i is at rows + i * direct_row_bytes, readable as long as the records are. Channels call
-  // it where a row need not be copied to be read in place: a rank's rows to itself (read where
-  // direct_src says they are) and rows a channel received apart from their records.
+  // Optional, with hold and direct rows: as hold, but the records travelled as tails (see
+  // below) at src and their rows apart: row i is at rows + i * direct_row_bytes, readable as long
+  // as the records are. Channels call it where a row need not be copied to be read in place: a
+  // rank's rows to itself (read where direct_src says they are) and rows a channel received
+  // apart from their records.
   std::function<void(int peer, int64_t first, int64_t n, const std::byte* src,
                      const std::byte* rows)>
       hold_rows;
   // Optional direct rows: each record starts with a row of direct_row_bytes that a channel may
   // move by itself, from the sender's memory straight into the receiver's output, instead of in
-  // the record.
+  // the record. A record whose row moves apart travels as its *tail*: the record without the
+  // row, tail_bytes() long, tails packed one after the other (record i's tail at
+  // i * tail_bytes()), so the bytes that cross with the records are only those of the tails.
   // - direct_dest (receiver, after on_headers): where row 0 of `peer`'s records goes (rows
   //   contiguous), or null for "in the records". The shared-memory channel uses it only inside
   //   Channel::shared_output memory.
   // - direct_src (sender): the row of record i to `peer` (MPI channels gather rows from there).
-  // - pack_direct writes records [first, first + n) to dst without their rows, and writes the
-  //   rows to `rows` (row i at rows + i * direct_row_bytes) unless rows is null (the channel
-  //   moves them).
-  // - unpack_direct reads records whose rows went to direct_dest.
+  // - pack_direct writes the tails of records [first, first + n) to dst, and their rows to
+  //   `rows` (row i at rows + i * direct_row_bytes) unless rows is null (the channel moves them).
+  // - unpack_direct reads the tails of records whose rows went to direct_dest.
   size_t direct_row_bytes = 0;
   std::function<std::byte*(int peer)> direct_dest;
   std::function<const std::byte*(int peer, int64_t i)> direct_src;
@@ -121,6 +123,8 @@ struct ExchangeSpec {
   // Where records [first, first + n) to `peer` have their rows at direct_src, one after the other
   // (then rows can be read or sent as one block): the first row, else null.
   const std::byte* contiguous_rows(int peer, int64_t first, int64_t n) const;
+  // Bytes of a record without its row (direct rows).
+  size_t tail_bytes() const { return record_bytes - direct_row_bytes; }
 };
 
 // One exchange in flight. poll() moves whatever is ready without blocking and returns true once

@@ -4,18 +4,20 @@
 // and polled with the EP timeout, so a dead peer raises dsk::Error instead of hanging.
 //
 // Direct rows (ExchangeSpec::direct_*) do not pass through a packed copy: the records travel
-// without them (a datatype that skips the row), and the rows travel point to point, in messages
-// of kChunkBytes of consecutive rows per (sender, receiver), each sent from the sender's tensor
-// (as one block where its rows are consecutive there, else gathered by a datatype) and received
-// contiguously:
-//   - into the receiver's output (direct_dest: dispatch), all posted at once;
-//   - into a ring of kRingChunks chunk buffers per source (hold_rows: combine), each handed to
-//     the operation as soon as it and the records arrived and posted again for a later chunk once
-//     the operation released its rows, so the combine reduces rows while they sit in the caches;
-//   - else at the head of each received record (one message per source).
-// Both ends cut a peer's rows into the same chunks from the row counts alone, so nothing but the
-// counts needs to travel first. A rank's rows to itself are copied once (dispatch, non-temporal
-// stores where large) or read where they are (hold_rows).
+// as their dense tails (ExchangeSpec::tail_bytes), and the rows travel point to point, each
+// message a block of rows that are consecutive in the sender's tensor, received contiguously:
+//   - operations that read rows in place (hold_rows: combine): messages of a fixed number of
+//     rows (chunk_bytes), which both ends cut from the row counts alone, received into a ring of
+//     kRingChunks chunk buffers per source, each handed to the operation as soon as it and the
+//     records arrived and posted again for a later chunk once the operation released its rows,
+//     so the combine reduces rows while they sit in the caches (rows that are not consecutive at
+//     the sender are gathered by a datatype);
+//   - the others (dispatch): the sender cuts its rows where they stop being consecutive and at
+//     kMessageChunks chunks, and the receiver probes each message for its size and receives it
+//     at the next rows of its output (direct_dest), or, without an output (rare), at the head of
+//     each record of a buffer of whole records, whose tails are copied in once everything arrived.
+// A rank's rows to itself are copied once (dispatch, non-temporal stores where large) or read
+// where they are (hold_rows).
 //
 // NOTES: Open MPI's shared-memory transport copies a message whose two ends are contiguous once
 // (CMA: the receiver reads the sender's memory), and any other message twice, through its
@@ -41,9 +43,20 @@ namespace {
 // with small buffers cut an exchange into many chunks).
 constexpr size_t kChunkBytes = size_t{256} << 10;
 constexpr int kRingChunks = 4;
+// Probed messages (operations without hold_rows) carry at most this many chunks of rows.
+constexpr size_t kMessageChunks = 16;
 // A rank's rows to itself are copied between polls in slices of about this many bytes, so this
 // rank keeps moving its messages while it copies.
 constexpr size_t kSelfSliceBytes = size_t{1} << 20;
+
+// Memory an exchange works in, kept by the channel between exchanges (fresh pages cost a fault
+// each, and held records and rows stay readable until the next exchange starts).
+struct Scratch {
+  std::vector<std::byte> send, recv;  // packed records (whole, or tails with direct rows)
+  std::vector<std::byte> rows;        // the combine rings
+  std::vector<std::byte> whole;       // whole records rebuilt from rows and tails
+  std::vector<std::byte> own_rows;    // this rank's rows to itself, when not consecutive
+};
 
 class MpiChannel final : public Channel {
  public:
@@ -76,8 +89,7 @@ class MpiChannel final : public Channel {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_, size_;
   size_t chunk_bytes_;  // the most bytes of rows per message
-  // Packed records and received rows, kept between exchanges (fresh pages cost a fault each).
-  std::vector<std::byte> send_scratch_, recv_scratch_, rows_scratch_;
+  Scratch scratch_;
 };
 
 // What happens to the rows from one source.
@@ -93,7 +105,8 @@ struct Source {
   RowsTo to = RowsTo::none;
   std::byte* dest = nullptr;       // dest: row 0's place
   std::byte* ring = nullptr;       // ring: kRingChunks chunk buffers
-  int64_t chunks = 0;              // messages from this source
+  int64_t chunks = 0;              // ring: messages from this source
+  int64_t landed = 0;              // probed: rows whose receive was posted
   int64_t posted = 0;              // ring: chunks whose receive was posted
   int64_t handed = 0;              // ring: chunks handed to the operation
   std::vector<bool> arrived;       // ring: per chunk
@@ -105,17 +118,18 @@ struct Source {
 class MpiExchange final : public Exchange {
  public:
   MpiExchange(MPI_Comm comm, int rank, int size, size_t chunk_bytes, ExchangeSpec& spec,
-              const char* fn, std::vector<std::byte>& send_buf, std::vector<std::byte>& recv_buf,
-              std::vector<std::byte>& rows_buf)
+              const char* fn, Scratch& scratch)
       : comm_(comm),
         me_(rank),
         R_(size),
         chunk_bytes_(chunk_bytes),
         spec_(spec),
         fn_(fn),
-        send_buf_(send_buf),
-        recv_buf_(recv_buf),
-        rows_buf_(rows_buf) {
+        send_buf_(scratch.send),
+        recv_buf_(scratch.recv),
+        rows_buf_(scratch.rows),
+        whole_buf_(scratch.whole),
+        own_rows_(scratch.own_rows) {
     check_mpi(MPI_Ialltoall(spec.send_headers.data(), static_cast<int>(spec.header_bytes), MPI_BYTE,
                             spec.recv_headers.data(), static_cast<int>(spec.header_bytes), MPI_BYTE,
                             comm_, &request_),
@@ -137,6 +151,8 @@ class MpiExchange final : public Exchange {
       new std::vector<std::byte>(std::move(send_buf_));
       new std::vector<std::byte>(std::move(recv_buf_));
       new std::vector<std::byte>(std::move(rows_buf_));
+      new std::vector<std::byte>(std::move(whole_buf_));
+      new std::vector<std::byte>(std::move(own_rows_));
       new std::vector<int>(std::move(recv_counts_));
     }
   }
@@ -185,13 +201,21 @@ class MpiExchange final : public Exchange {
     return std::min(chunk_rows(), n - chunk_first(c));
   }
   int64_t chunks_of(int64_t n) const { return (n + chunk_rows() - 1) / chunk_rows(); }
+  // Whether rows travel in probed messages (see the file comment): the same on every rank.
+  bool probed() const { return !spec_.hold_rows; }
   // A ring slot: one chunk, rounded up to whole cache lines.
   static constexpr size_t kAlign = 64;
   size_t slot_bytes() const {
     return align_up(static_cast<size_t>(chunk_rows()) * row_bytes(), kAlign);
   }
+  // Bytes per record in the record messages: a tail with direct rows, else a whole record.
+  size_t stride() const { return direct() ? spec_.tail_bytes() : spec_.record_bytes; }
   const std::byte* records_of(int r) const {
-    return recv_buf_.data() + static_cast<size_t>(recv_displs_[r]) * spec_.record_bytes;
+    return recv_buf_.data() + static_cast<size_t>(recv_displs_[r]) * stride();
+  }
+  // Whole records of source r rebuilt from rows and tails (RowsTo::records).
+  std::byte* whole_records_of(int r) {
+    return whole_buf_.data() + static_cast<size_t>(recv_displs_[r]) * spec_.record_bytes;
   }
 
   void post() {
@@ -211,9 +235,10 @@ class MpiExchange final : public Exchange {
       send_total += spec_.send_records[r];
       recv_total += spec_.recv_records[r];
     }
-    const size_t rb = spec_.record_bytes;
-    send_buf_.resize(std::max(send_buf_.size(), static_cast<size_t>(send_total) * rb));
-    recv_buf_.resize(std::max(recv_buf_.size(), static_cast<size_t>(recv_total) * rb));
+    const size_t rb = stride();
+    // At least a byte each, so that data() is never null for MPI.
+    send_buf_.resize(std::max(send_buf_.size(), static_cast<size_t>(send_total) * rb + 1));
+    recv_buf_.resize(std::max(recv_buf_.size(), static_cast<size_t>(recv_total) * rb + 1));
     for (int r = 0; r < R_; ++r) {
       if (send_counts_[r] == 0) continue;
       std::byte* dst = send_buf_.data() + static_cast<size_t>(send_displs_[r]) * rb;
@@ -223,20 +248,9 @@ class MpiExchange final : public Exchange {
         spec_.pack(r, 0, send_counts_[r], dst);
       }
     }
-    if (direct()) {
-      // The records without their rows: the bytes [row, rb) of each rb-byte record.
-      MPI_Datatype tail = MPI_DATATYPE_NULL;
-      const MPI_Aint at = static_cast<MPI_Aint>(row_bytes());
-      check_mpi(MPI_Type_create_hindexed_block(1, static_cast<int>(rb - row_bytes()), &at, MPI_BYTE,
-                                               &tail),
-                fn_, "MPI_Type_create_hindexed_block");
-      check_mpi(MPI_Type_create_resized(tail, 0, static_cast<MPI_Aint>(rb), &record_), fn_,
-                "MPI_Type_create_resized");
-      MPI_Type_free(&tail);
-    } else {
-      check_mpi(MPI_Type_contiguous(static_cast<int>(rb), MPI_BYTE, &record_), fn_,
-                "MPI_Type_contiguous");
-    }
+    // Contiguous records on both ends: Open MPI moves them in one copy.
+    check_mpi(MPI_Type_contiguous(static_cast<int>(rb), MPI_BYTE, &record_), fn_,
+              "MPI_Type_contiguous");
     MPI_Type_commit(&record_);
     check_mpi(MPI_Ialltoallv(send_buf_.data(), send_counts_.data(), send_displs_.data(), record_,
                              recv_buf_.data(), recv_counts_.data(), recv_displs_.data(), record_,
@@ -263,6 +277,14 @@ class MpiExchange final : public Exchange {
       if (s.to == RowsTo::ring) ring_bytes += kRingChunks * chunk_bytes;
     }
     if (ring_bytes > 0) rows_buf_.resize(std::max(rows_buf_.size(), ring_bytes + kAlign));
+    bool whole = false;
+    for (const Source& s : sources_) whole = whole || s.to == RowsTo::records;
+    if (whole) {
+      int64_t recv_total = 0;
+      for (int r = 0; r < R_; ++r) recv_total += recv_counts_[r];
+      whole_buf_.resize(
+          std::max(whole_buf_.size(), static_cast<size_t>(recv_total) * spec_.record_bytes));
+    }
     // NOTES: the kernel's copy behind CMA ran 2.5x slower into a destination 16 bytes off a
     // 64-byte line than into an aligned one (58 MB: 46 against 18 ms, source aligned), so every
     // ring slot starts on a line.
@@ -271,10 +293,8 @@ class MpiExchange final : public Exchange {
     for (int r = 0; r < R_; ++r) {
       Source& s = sources_[r];
       if (r == me_ || recv_counts_[r] == 0) continue;
-      if (s.to == RowsTo::dest) {
-        for (int64_t c = 0; c < s.chunks; ++c)
-          irecv(s.dest + static_cast<size_t>(chunk_first(c)) * row_bytes(),
-                chunk_size(recv_counts_[r], c), row_type_, r, &requests_.emplace_back());
+      if (probed()) {
+        receive_probed(r);  // what has arrived; advance() receives the rest
       } else if (s.to == RowsTo::ring) {
         s.ring = rows_buf_.data() + ring_at;
         ring_at += kRingChunks * chunk_bytes;
@@ -282,27 +302,17 @@ class MpiExchange final : public Exchange {
         s.slots.assign(kRingChunks, MPI_REQUEST_NULL);
         while (s.posted < std::min<int64_t>(s.chunks, kRingChunks)) post_ring_chunk(r);
       } else {
-        // Rows at the head of each record (no output of their own, e.g. a dispatch whose
-        // num_worst_tokens is too small): each chunk placed by an hvector datatype.
-        for (int64_t c = 0; c < s.chunks; ++c) {
-          MPI_Datatype rows = MPI_DATATYPE_NULL;
-          check_mpi(
-              MPI_Type_create_hvector(static_cast<int>(chunk_size(recv_counts_[r], c)), 1,
-                                      static_cast<MPI_Aint>(spec_.record_bytes), row_type_, &rows),
-              fn_, "MPI_Type_create_hvector");
-          MPI_Type_commit(&rows);
-          types_.push_back(rows);
-          irecv(const_cast<std::byte*>(records_of(r)) +
-                    static_cast<size_t>(chunk_first(c)) * spec_.record_bytes,
-                1, rows, r, &requests_.emplace_back());
-        }
+        DSK_CHECK(false, fn_, "internal: rows held in place travel in probed messages");
       }
     }
-    // The senders cut the same chunks from the same counts, whatever the receiver does with them.
     for (int r = 0; r < R_; ++r) {
       if (r == me_) continue;
-      for (int64_t c = 0; c < chunks_of(send_counts_[r]); ++c)
-        send_rows(r, chunk_first(c), chunk_size(send_counts_[r], c));
+      if (probed()) {
+        send_runs(r);
+      } else {  // the receiver cuts the same chunks from the same counts
+        for (int64_t c = 0; c < chunks_of(send_counts_[r]); ++c)
+          send_rows(r, chunk_first(c), chunk_size(send_counts_[r], c));
+      }
     }
     self_rows_ = sources_[me_].to == RowsTo::dest ? recv_counts_[me_] : 0;
   }
@@ -331,6 +341,61 @@ class MpiExchange final : public Exchange {
     check_mpi(MPI_Isend(MPI_BOTTOM, 1, rows, r, kRowsTag, comm_, request), fn_, "MPI_Isend");
   }
 
+  // Probed messages to r: runs of rows consecutive in the sender's tensor, each at most
+  // kMessageChunks chunks, so that both ends of every message are contiguous.
+  void send_runs(int r) {
+    const int64_t most = chunk_rows() * static_cast<int64_t>(kMessageChunks);
+    for (int64_t first = 0; first < send_counts_[r];) {
+      const std::byte* block = spec_.direct_src(r, first);
+      int64_t n = 1;
+      while (first + n < send_counts_[r] && n < most &&
+             spec_.direct_src(r, first + n) == block + static_cast<size_t>(n) * row_bytes())
+        ++n;
+      check_mpi(MPI_Isend(block, static_cast<int>(n), row_type_, r, kRowsTag, comm_,
+                          &requests_.emplace_back()),
+                fn_, "MPI_Isend");
+      first += n;
+    }
+  }
+
+  // Probed messages from r: receives each message that arrived at r's next rows, in order. The
+  // rows go to the output (RowsTo::dest) or to the head of each whole record (RowsTo::records).
+  bool receive_probed(int r) {
+    Source& s = sources_[r];
+    bool moved = false;
+    while (s.landed < recv_counts_[r]) {
+      int found = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      MPI_Status status;
+      check_mpi(MPI_Improbe(r, kRowsTag, comm_, &found, &message, &status), fn_, "MPI_Improbe");
+      if (!found) break;
+      int n = 0;
+      check_mpi(MPI_Get_count(&status, row_type_, &n), fn_, "MPI_Get_count");
+      DSK_CHECK(n > 0 && s.landed + n <= recv_counts_[r], fn_,
+                "rank " + std::to_string(r) + " sent " + std::to_string(n) + " rows after " +
+                    std::to_string(s.landed) + " of " + std::to_string(recv_counts_[r]));
+      if (s.to == RowsTo::dest) {
+        check_mpi(MPI_Imrecv(s.dest + static_cast<size_t>(s.landed) * row_bytes(), n, row_type_,
+                             &message, &requests_.emplace_back()),
+                  fn_, "MPI_Imrecv");
+      } else {
+        MPI_Datatype rows = MPI_DATATYPE_NULL;
+        check_mpi(MPI_Type_create_hvector(n, 1, static_cast<MPI_Aint>(spec_.record_bytes),
+                                          row_type_, &rows),
+                  fn_, "MPI_Type_create_hvector");
+        MPI_Type_commit(&rows);
+        types_.push_back(rows);
+        check_mpi(
+            MPI_Imrecv(whole_records_of(r) + static_cast<size_t>(s.landed) * spec_.record_bytes, 1,
+                       rows, &message, &requests_.emplace_back()),
+            fn_, "MPI_Imrecv");
+      }
+      s.landed += n;
+      moved = true;
+    }
+    return moved;
+  }
+
   // Ring: posts the receive of source r's next chunk into its buffer.
   void post_ring_chunk(int r) {
     Source& s = sources_[r];
@@ -348,6 +413,11 @@ class MpiExchange final : public Exchange {
     }
     const bool records = request_ == MPI_REQUEST_NULL;
     bool finished = records;
+    for (int r = 0; r < R_ && probed() && direct(); ++r) {
+      if (r == me_ || recv_counts_[r] == 0) continue;
+      if (receive_probed(r)) moved_ = true;
+      finished = finished && sources_[r].landed == recv_counts_[r];
+    }
     // The oldest pending request first; testing it also moves every other one.
     while (front_ < requests_.size()) {
       int done = 0;
@@ -373,12 +443,8 @@ class MpiExchange final : public Exchange {
     if (r == me_) {  // this rank's rows, read where they are
       if (records && s.handed == 0 && recv_counts_[r] > 0) {
         const std::byte* rows = spec_.contiguous_rows(r, 0, recv_counts_[r]);
-        if (rows != nullptr) {
-          spec_.hold_rows(r, 0, recv_counts_[r], records_of(r), rows);
-        } else {  // not consecutive: through the record buffer, as without direct rows
-          copy_rows_into_records(r);
-          spec_.hold(r, 0, recv_counts_[r], records_of(r));
-        }
+        if (rows == nullptr) rows = gather_own_rows();  // not consecutive: one copy
+        spec_.hold_rows(r, 0, recv_counts_[r], records_of(r), rows);
         s.handed = 1;
         moved_ = true;
       }
@@ -398,7 +464,7 @@ class MpiExchange final : public Exchange {
       const int64_t c = s.handed++;
       const int64_t first = chunk_first(c);
       spec_.hold_rows(r, first, chunk_size(recv_counts_[r], c),
-                      records_of(r) + static_cast<size_t>(first) * spec_.record_bytes,
+                      records_of(r) + static_cast<size_t>(first) * stride(),
                       s.ring + static_cast<size_t>(c % kRingChunks) * slot_bytes());
       moved_ = true;
     }
@@ -428,12 +494,26 @@ class MpiExchange final : public Exchange {
     moved_ = true;
   }
 
-  void copy_rows_into_records(int r) {
-    std::byte* records =
-        recv_buf_.data() + static_cast<size_t>(recv_displs_[r]) * spec_.record_bytes;
-    for (int64_t i = 0; i < recv_counts_[r]; ++i)
-      std::memcpy(records + static_cast<size_t>(i) * spec_.record_bytes, spec_.direct_src(r, i),
+  // This rank's rows to itself, copied one after the other into own_rows_.
+  const std::byte* gather_own_rows() {
+    own_rows_.resize(static_cast<size_t>(recv_counts_[me_]) * row_bytes());
+    for (int64_t i = 0; i < recv_counts_[me_]; ++i)
+      std::memcpy(own_rows_.data() + static_cast<size_t>(i) * row_bytes(), spec_.direct_src(me_, i),
                   row_bytes());
+    return own_rows_.data();
+  }
+
+  // RowsTo::records: completes source r's whole records with their tails (and, for this rank,
+  // its rows) and returns them.
+  const std::byte* whole_records(int r) {
+    std::byte* whole = whole_records_of(r);
+    const size_t rb = spec_.record_bytes, tail = spec_.tail_bytes();
+    for (int64_t i = 0; i < recv_counts_[r]; ++i) {
+      std::byte* record = whole + static_cast<size_t>(i) * rb;
+      if (r == me_) std::memcpy(record, spec_.direct_src(r, i), row_bytes());
+      if (tail > 0) std::memcpy(record + row_bytes(), records_of(r) + i * tail, tail);
+    }
+    return whole;
   }
 
   // Everything arrived: the records whose rows were not handed over chunk by chunk.
@@ -448,15 +528,15 @@ class MpiExchange final : public Exchange {
           spec_.unpack_direct(r, 0, recv_counts_[r], records_of(r));
           break;
         case RowsTo::records:
-          if (r == me_) copy_rows_into_records(r);
-          [[fallthrough]];
-        case RowsTo::none:
+        case RowsTo::none: {
+          const std::byte* records = s.to == RowsTo::records ? whole_records(r) : records_of(r);
           if (spec_.hold) {
-            spec_.hold(r, 0, recv_counts_[r], records_of(r));  // read before the next exchange
+            spec_.hold(r, 0, recv_counts_[r], records);  // read before the next exchange
           } else {
-            spec_.unpack(r, 0, recv_counts_[r], records_of(r));
+            spec_.unpack(r, 0, recv_counts_[r], records);
           }
           break;
+        }
       }
     }
   }
@@ -480,11 +560,12 @@ class MpiExchange final : public Exchange {
   std::vector<std::byte>& send_buf_;
   std::vector<std::byte>& recv_buf_;
   std::vector<std::byte>& rows_buf_;
+  std::vector<std::byte>& whole_buf_;
+  std::vector<std::byte>& own_rows_;
 };
 
 std::unique_ptr<Exchange> MpiChannel::start(ExchangeSpec& spec, const char* fn) {
-  return std::make_unique<MpiExchange>(comm_, rank_, size_, chunk_bytes_, spec, fn, send_scratch_,
-                                       recv_scratch_, rows_scratch_);
+  return std::make_unique<MpiExchange>(comm_, rank_, size_, chunk_bytes_, spec, fn, scratch_);
 }
 
 }  // namespace
