@@ -1,5 +1,7 @@
 // dsk::ep::Buffer: collective construction with the agreement check, sizing, destroy, and the
 // (local) dispatch layout.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -134,6 +136,11 @@ Tensor BufferImpl::pooled(const Shape& shape, DType dtype) {
   auto* raw = static_cast<std::byte*>(std::aligned_alloc(kAlign, rounded));
   DSK_CHECK(raw != nullptr, "ep::Buffer",
             "out of memory allocating " + std::to_string(rounded) + " bytes");
+  // NOTES: transparent huge pages are in `madvise` mode on the development machines, where a
+  // block would otherwise be 4 KB pages. The MPI transport's single-copy path (CMA) pins every
+  // page of the rows it reads from a peer's block: T=4096 2 ranks, AMD Zen 5 VM, MPI combine
+  // 18.8-20.4 -> 9.6-10.6 ms and dispatch 10.0-10.2 -> 8.6-9.4 ms with the advice.
+  madvise(raw, rounded, MADV_HUGEPAGE);
   Block block{std::shared_ptr<std::byte>(raw, [](std::byte* p) { std::free(p); }), rounded};
   // Keep at most 8 blocks: drop free ones first.
   if (pool_.size() >= 8) {
