@@ -166,6 +166,11 @@ class ShmChannel final : public Channel {
   std::vector<uint64_t> posted_;  // chunks posted to each receiver so far
   std::vector<uint64_t> read_;    // chunks read from each sender so far
   std::vector<uint64_t> taken_;   // chunks released to each sender so far (<= read_)
+  // Buffers for the chunks a rank sends itself, reused by every exchange.
+  // NOTES: buffers that died with their exchange made glibc trim its heap after every
+  // operation; each trim is a TLB shootdown that interrupts the other rank's CPU as well (5% of
+  // a combine's time on the 2-core VM, T=4096).
+  std::vector<std::vector<std::byte>> spare_;
 };
 
 // NOTES: rank 0 draws a random name stem and shares it, every rank creates its own segment, all
@@ -366,9 +371,9 @@ class ShmExchange final : public Exchange {
     const int me = ch_.rank_;
     if (sent_[me] == send_total_[me] || held_[me].size() >= slots_) return false;
     std::vector<std::byte> buffer;
-    if (!spare_.empty()) {
-      buffer = std::move(spare_.back());
-      spare_.pop_back();
+    if (!ch_.spare_.empty()) {
+      buffer = std::move(ch_.spare_.back());
+      ch_.spare_.pop_back();
     }
     buffer.resize(slot_bytes_);
     const int64_t first = sent_[me] * per_chunk_;
@@ -389,7 +394,7 @@ class ShmExchange final : public Exchange {
     } else {
       pack(me, first, n, buffer.data());
       unpack(me, first, n, buffer.data());
-      spare_.push_back(std::move(buffer));
+      ch_.spare_.push_back(std::move(buffer));
     }
     ++sent_[me];
     ++got_[me];
@@ -444,7 +449,7 @@ class ShmExchange final : public Exchange {
     while (!held_[s].empty() && held_[s].front() <= done) {
       held_[s].pop_front();
       if (s == ch_.rank_) {
-        spare_.push_back(std::move(self_held_.front()));
+        ch_.spare_.push_back(std::move(self_held_.front()));
         self_held_.pop_front();
       } else {
         store_release(ch_.counter(s, ch_.rank_, 3), ++ch_.taken_[s]);
@@ -473,7 +478,6 @@ class ShmExchange final : public Exchange {
   // Per sender: the end (in records) of each chunk held, oldest first (hold mode).
   std::vector<std::deque<int64_t>> held_;
   std::deque<std::vector<std::byte>> self_held_;  // buffers of the held chunks to this rank
-  std::vector<std::vector<std::byte>> spare_;     // buffers for chunks to this rank, reused
   std::vector<int64_t> sent_, send_total_, got_, recv_total_;
 };
 
