@@ -159,6 +159,26 @@ TEST_P(EpTest, WorstTokensKeepThePrefixAndMaskTheTail) {
             0);
 }
 
+// Too few worst-case rows: every rank (each receives far more than one row) drains the exchange,
+// raises naming num_worst_tokens, and the buffer still dispatches exactly afterwards. On the MPI
+// transport the rows then land in whole records instead of an output.
+TEST_P(EpTest, TooFewWorstTokensRaiseAndLeaveTheBufferUsable) {
+  auto buffer = make_buffer();
+  const auto [T, x, topk, w] = make_tokens();
+  const DispatchResult exact = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
+  ASSERT_GT(exact.recv_x.size(0), 1);
+  try {
+    buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w, .num_worst_tokens = 1});
+    ADD_FAILURE() << "num_worst_tokens = 1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_worst_tokens"), std::string::npos) << e.what();
+  }
+  const DispatchResult again = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
+  ASSERT_EQ(again.recv_x.sizes(), exact.recv_x.sizes());
+  EXPECT_EQ(std::memcmp(again.recv_x.data_ptr(), exact.recv_x.data_ptr(), exact.recv_x.nbytes()),
+            0);
+}
+
 TEST_P(EpTest, CachedDispatchEqualsTheOriginal) {
   auto buffer = make_buffer();
   const auto [T, x, topk, w] = make_tokens();
