@@ -29,7 +29,7 @@ const std::vector<Variable> kVariables = {
     {"DSK_JIT_INCLUDE_DIR", "installed include/", "where the JIT finds <dsk/kernels/...> headers",
      true},
     {"DSK_TENSOR_CACHE_MB", "2048",
-     "freed tensor buffers of 2 MiB or more kept for reuse, at most this many MiB (0: none)",
+     "freed tensor buffers of 64 KiB or more kept for reuse, at most this many MiB (0: none)",
      false},
     {"DSK_PRINT_CONFIGS", "0", "print the config each heuristic chooses", true},
     {"DSK_AUTOTUNE", "unset",

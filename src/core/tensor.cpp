@@ -23,10 +23,16 @@ namespace {
 // Those large buffers are also kept for reuse when freed (a caching allocator, as PyTorch's):
 // glibc returns them to the OS, so every new output would be faulted in and zeroed page by page
 // again, which cost memory-bound ops more than the op itself (a 29 MB output: 4.5 ms fresh vs
-// 1.0 ms reused). The cache holds at most DSK_TENSOR_CACHE_MB and is off under AddressSanitizer,
-// so use-after-free stays detectable there.
+// 1.0 ms reused). Buffers of 64 KiB or more are kept too (rounded to 64 KiB): glibc serves them
+// from its heap or by mmap and, once they are freed, trims the heap or unmaps them, so every
+// operation that returns such outputs (an EP dispatch returns six of 8 KB to 512 KB) faulted its
+// pages in again, and each trim is a TLB shootdown that interrupts the other CPUs as well (a
+// T=4096 shared-memory dispatch, 2 ranks: 9.7-10.8 ms until the heap began to trim, then 12.7-13.5
+// ms with 240 faults per call). The cache holds at most DSK_TENSOR_CACHE_MB and is off under
+// AddressSanitizer, so use-after-free stays detectable there.
 constexpr size_t kAlignment = 64;
 constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kCachedGranule = size_t{64} << 10;  // the smallest buffer the cache keeps
 
 #if defined(__SANITIZE_ADDRESS__)
 constexpr bool kCacheEnabled = false;
@@ -40,7 +46,7 @@ constexpr bool kCacheEnabled = true;
 constexpr bool kCacheEnabled = true;
 #endif
 
-// Freed large blocks by exact (2 MiB rounded) size. Never destroyed: tensors may outlive statics.
+// Freed blocks by exact (rounded) size. Never destroyed: tensors may outlive statics.
 class BlockCache {
  public:
   static BlockCache& instance() {
@@ -100,18 +106,19 @@ class BlockCache {
 };
 
 std::shared_ptr<void> allocate(size_t nbytes) {
-  const size_t alignment = nbytes >= kHugePage ? kHugePage : kAlignment;
-  const size_t rounded =
-      std::max<size_t>(alignment, (nbytes + alignment - 1) / alignment * alignment);
-  const bool large = alignment == kHugePage;
-  void* p = large ? BlockCache::instance().take(rounded) : nullptr;
+  const bool large = nbytes >= kHugePage;
+  const bool cached = nbytes >= kCachedGranule;
+  const size_t alignment = large ? kHugePage : kAlignment;
+  const size_t granule = large ? kHugePage : cached ? kCachedGranule : kAlignment;
+  const size_t rounded = std::max<size_t>(granule, (nbytes + granule - 1) / granule * granule);
+  void* p = cached ? BlockCache::instance().take(rounded) : nullptr;
   if (p == nullptr) {
     p = std::aligned_alloc(alignment, rounded);
     if (p == nullptr)
       DSK_FAIL("Tensor::empty", fmt::format("out of memory allocating {} bytes", nbytes));
     if (large) madvise(p, rounded, MADV_HUGEPAGE);
   }
-  if (!large) return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  if (!cached) return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   return std::shared_ptr<void>(p, [rounded](void* q) { BlockCache::instance().give(q, rounded); });
 }
 

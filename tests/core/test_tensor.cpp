@@ -47,6 +47,33 @@ TEST(Tensor, LargeBuffersAreReusedAndNeverShared) {
   EXPECT_EQ(release_cached_tensor_memory(), 0u);
 }
 
+// Medium buffers (64 KiB to 2 MiB) are reused too, by their 64 KiB-rounded size; small ones are
+// not cached (the heap serves them).
+TEST(Tensor, MediumBuffersAreReusedBySizeAndNeverShared) {
+  release_cached_tensor_memory();
+  void* first = nullptr;
+  {
+    Tensor a = Tensor::empty({100 << 10}, DType::u8);  // 100 KiB: a 128 KiB block
+    first = a.data_ptr();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % 64, 0u);
+    Tensor live = Tensor::empty({100 << 10}, DType::u8);
+    EXPECT_NE(live.data_ptr(), first);
+  }
+  Tensor other_size = Tensor::empty({200 << 10}, DType::u8);  // a 256 KiB block: not that one
+  EXPECT_NE(other_size.data_ptr(), first);
+  Tensor b = Tensor::empty({120 << 10}, DType::u8);  // also 128 KiB
+  Tensor c = Tensor::empty({128 << 10}, DType::u8);
+  EXPECT_NE(b.data_ptr(), c.data_ptr());
+#if !defined(__SANITIZE_ADDRESS__)
+  EXPECT_TRUE(b.data_ptr() == first || c.data_ptr() == first);
+  b = Tensor();
+  c = Tensor();
+  other_size = Tensor();
+  EXPECT_EQ(release_cached_tensor_memory(), size_t{2 * (128 << 10) + (256 << 10)});
+#endif
+  EXPECT_EQ(release_cached_tensor_memory(), 0u);
+}
+
 TEST(Tensor, UndefinedByDefault) {
   Tensor t;
   EXPECT_FALSE(t.defined());

@@ -2,8 +2,9 @@
 //
 // - Shapes and strides are in elements (int64); fp4x2 counts bytes, like upstream's int8 view.
 // - Tensor::empty allocates 64-byte aligned storage (2 MiB aligned with transparent huge pages for
-//   large buffers, which are cached for reuse when freed, up to DSK_TENSOR_CACHE_MB); copies of a
-//   Tensor share the storage; views (view/slice/select/transpose) share it too.
+//   buffers of 2 MiB or more; buffers of 64 KiB or more are cached for reuse when freed, up to
+//   DSK_TENSOR_CACHE_MB); copies of a Tensor share the storage; views
+//   (view/slice/select/transpose) share it too.
 // - Tensor::from_blob wraps memory the caller owns (optionally kept alive by `owner`).
 // - DLPack import/export shares memory with other frameworks without copies.
 #pragma once
@@ -112,7 +113,7 @@ std::ostream& operator<<(std::ostream& os, const Shape& shape);
 // Contiguous strides of a shape (row-major).
 Shape contiguous_strides(const Shape& shape);
 
-// Frees the large blocks the tensor allocator keeps for reuse (see Tensor::empty); returns the
+// Frees the blocks the tensor allocator keeps for reuse (see Tensor::empty); returns the
 // bytes given back. Storage still in use by a tensor is not affected.
 size_t release_cached_tensor_memory();
 
