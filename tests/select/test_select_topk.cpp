@@ -177,6 +177,22 @@ TEST_P(SelectTopk, LongRowsAreCutIntoSegmentsAndMerged) {
   expect_topk(make_scores(1, 100000, DType::f32, Fill::ascending, seed + 2), 512);
 }
 
+// Each thread keeps its candidate buffer between calls (src/select/topk.cpp), so what one call
+// left there must never show in the next: calls of every size in turn, NaN-filled rows between
+// them, and a merge (17 segments at k = 4096) larger than the kept buffer, which takes one of
+// its own.
+TEST_P(SelectTopk, BuffersKeptBetweenCallsNeverLeak) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Tensor nan_rows = make_scores(2, 70000, DType::f32, Fill::with_specials, seed);
+  expect_topk(make_scores(1, 1050000, DType::f32, Fill::distinct, seed + 1), 4096);
+  expect_topk(nan_rows, 4096);
+  expect_topk(make_scores(3, 300, DType::bf16, Fill::few_values, seed + 2), 7);
+  expect_topk(make_scores(1, 262144, DType::f32, Fill::distinct, seed + 3), 2048);
+  expect_topk(nan_rows, 1);
+  expect_topk(make_scores(2, 140000, DType::bf16, Fill::distinct, seed + 4), 4096);
+}
+
 TEST_P(SelectTopk, Bf16AndTies) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -442,6 +458,7 @@ TEST(SelectTopkBackends, AgreeBitForBit) {
   const Tensor inputs[] = {make_scores(5, 70001, DType::f32, Fill::with_specials, seed),
                            make_scores(3, 65536, DType::f32, Fill::with_specials, seed + 1),
                            make_scores(3, 65536, DType::bf16, Fill::distinct, seed + 2),
+                           make_scores(3, 65536, DType::bf16, Fill::with_specials, seed + 5),
                            make_scores(3, 65536, DType::f32, Fill::few_values, seed + 3),
                            make_scores(2, 140000, DType::bf16, Fill::few_values, seed + 4),
                            from_values(spiked, 1, 65536, DType::f32)};
