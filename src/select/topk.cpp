@@ -3,7 +3,6 @@
 // per row; the cut depends only on the row, never on the thread count, so results do not either.
 #include <algorithm>
 #include <climits>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,48 +31,24 @@ const KernelTable& kernel_table() {
                                        : detail::kernel_table_avx512();
 }
 
-// A candidate buffer for `capacity` candidates, left uninitialised: the kernels write every entry
-// before they read it.
+// A candidate buffer for `capacity` candidates: one uninitialised tensor (the kernels write every
+// entry before they read it) carved into bits, positions and keys, each on its own cache lines.
+// NOTES: it is a tensor so that its memory comes from the tensor allocator's cache of freed blocks
+// (core/tensor.cpp). As std::vectors, the ~116 KB of a k = 2048 buffer went back to the kernel
+// after every call and were faulted in and zeroed again by the next: a 262144-value row (four
+// segments and a merge) took 400-700 us instead of about 50.
 struct Scratch {
   explicit Scratch(int64_t capacity)
-      : capacity(capacity),
-        bits(new uint32_t[static_cast<size_t>(capacity)]),
-        pos(new int32_t[static_cast<size_t>(capacity)]),
-        keys(new uint32_t[2 * static_cast<size_t>(capacity)]),
-        buffer{bits.get(), pos.get(), keys.get()} {}
-  int64_t capacity;
-  std::unique_ptr<uint32_t[]> bits;
-  std::unique_ptr<int32_t[]> pos;
-  std::unique_ptr<uint32_t[]> keys;
+      : entries((capacity + 15) / 16 * 16),
+        memory(Tensor::empty({16 * entries}, DType::u8)),
+        bits(static_cast<uint32_t*>(memory.data_ptr())),
+        pos(reinterpret_cast<int32_t*>(bits + entries)),
+        buffer{bits, pos, bits + 2 * entries} {}
+  int64_t entries;  // capacity rounded up to 16 (a 64-byte line of bits)
+  Tensor memory;    // bits [entries], pos [entries], keys [2 * entries]
+  uint32_t* bits;
+  int32_t* pos;
   Buffer buffer;
-};
-
-// The largest buffer a thread keeps between calls (16 bytes per candidate: 1 MiB). It covers
-// every single-segment buffer (k up to 4096) and the merge of rows up to about 2M values at
-// k = 2048; longer merges take a buffer of their own for the call.
-constexpr int64_t kKeptCapacity = int64_t{1} << 16;
-
-// The calling thread's buffer for `capacity` candidates.
-// NOTES: a fresh buffer per call cost a page fault per 4 KiB each time (freed buffers of this
-// size go back to the kernel), and the zeroing std::vector did besides: a 262144-value row (four
-// segments and a merge) took 400-700 us instead of about 50.
-class ThreadScratch {
- public:
-  explicit ThreadScratch(int64_t capacity) {
-    if (capacity > kKeptCapacity) {
-      own_ = std::make_unique<Scratch>(capacity);
-      scratch_ = own_.get();
-      return;
-    }
-    thread_local std::unique_ptr<Scratch> kept;
-    if (!kept || kept->capacity < capacity) kept = std::make_unique<Scratch>(kKeptCapacity);
-    scratch_ = kept.get();
-  }
-  Scratch* operator->() const { return scratch_; }
-
- private:
-  std::unique_ptr<Scratch> own_;
-  Scratch* scratch_ = nullptr;
 };
 
 // ---- argument checks ----
@@ -181,18 +156,18 @@ void run(const RowArgs& a, int64_t rows, int elt) {
   std::vector<int32_t> seg_pos(seg_bits.size());
   std::vector<int64_t> seg_count(segments.size());
   auto work = [&](int64_t i0, int64_t i1, int) {
-    const ThreadScratch scratch(cap);
+    Scratch scratch(cap);
     for (int64_t i = i0; i < i1; ++i) {
       if (i < static_cast<int64_t>(whole.size())) {
         const int64_t row = whole[static_cast<size_t>(i)];
-        table.rows[elt](a, row, row + 1, scratch->buffer);
+        table.rows[elt](a, row, row + 1, scratch.buffer);
         continue;
       }
       const size_t s = static_cast<size_t>(i) - whole.size();
       const Segment& seg = segments[s];
-      const int64_t n = table.segment[elt](a, seg.row, seg.begin, seg.end, scratch->buffer);
-      std::copy_n(scratch->bits.get(), n, seg_bits.begin() + static_cast<int64_t>(s) * a.k);
-      std::copy_n(scratch->pos.get(), n, seg_pos.begin() + static_cast<int64_t>(s) * a.k);
+      const int64_t n = table.segment[elt](a, seg.row, seg.begin, seg.end, scratch.buffer);
+      std::copy_n(scratch.bits, n, seg_bits.begin() + static_cast<int64_t>(s) * a.k);
+      std::copy_n(scratch.pos, n, seg_pos.begin() + static_cast<int64_t>(s) * a.k);
       seg_count[s] = n;
     }
   };
@@ -208,16 +183,16 @@ void run(const RowArgs& a, int64_t rows, int elt) {
     if (s == 0 || segments[s].row != segments[s - 1].row) firsts.push_back(s);
   firsts.push_back(segments.size());
   auto merge = [&](int64_t r0, int64_t r1, int) {
-    const ThreadScratch scratch(std::max(cap, max_segments * a.k + 16));
+    Scratch scratch(std::max(cap, max_segments * a.k + 16));
     for (int64_t r = r0; r < r1; ++r) {
       int64_t n = 0;
       for (size_t s = firsts[static_cast<size_t>(r)]; s < firsts[static_cast<size_t>(r) + 1]; ++s) {
         const int64_t from = static_cast<int64_t>(s) * a.k;
-        std::copy_n(seg_bits.begin() + from, seg_count[s], scratch->bits.get() + n);
-        std::copy_n(seg_pos.begin() + from, seg_count[s], scratch->pos.get() + n);
+        std::copy_n(seg_bits.begin() + from, seg_count[s], scratch.bits + n);
+        std::copy_n(seg_pos.begin() + from, seg_count[s], scratch.pos + n);
         n += seg_count[s];
       }
-      table.merge[elt](a, segments[firsts[static_cast<size_t>(r)]].row, n, scratch->buffer);
+      table.merge[elt](a, segments[firsts[static_cast<size_t>(r)]].row, n, scratch.buffer);
     }
   };
   const int64_t cut_rows = static_cast<int64_t>(firsts.size()) - 1;

@@ -177,10 +177,9 @@ TEST_P(SelectTopk, LongRowsAreCutIntoSegmentsAndMerged) {
   expect_topk(make_scores(1, 100000, DType::f32, Fill::ascending, seed + 2), 512);
 }
 
-// Each thread keeps its candidate buffer between calls (src/select/topk.cpp), so what one call
-// left there must never show in the next: calls of every size in turn, NaN-filled rows between
-// them, and a merge (17 segments at k = 4096) larger than the kept buffer, which takes one of
-// its own.
+// Candidate buffers are uninitialised memory reused from earlier calls (src/select/topk.cpp), so
+// what one call left there must never show in the next: calls of every size in turn, NaN-filled
+// rows between them, and a 17-segment merge at k = 4096.
 TEST_P(SelectTopk, BuffersKeptBetweenCallsNeverLeak) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
