@@ -141,7 +141,7 @@ TEST_P(Quant, NonFiniteValuesFollowTheReference) {
 // bf16 rows in blocks of 32 / 64 / 128 take the 16-bit path when the inverse scale is a power of
 // two; vectors with zeros, values that become e4m3 subnormals or underflow, bf16 subnormals, and
 // blocks with inf or NaN (or f32 scales) take the f32 path. All of it is the reference, bit for
-// bit.
+// bit, in per-token and per-block casts.
 TEST_P(Quant, Bf16BlocksWithEveryKindOfValueMatchTheReference) {
   const uint64_t seed = fresh_seed();
   Tensor x = ref::randn({12, 1024 + 96}, DType::bf16, seed, 0.0f, 2.0f);
@@ -174,6 +174,17 @@ TEST_P(Quant, Bf16BlocksWithEveryKindOfValueMatchTheReference) {
       const QuantTensor packed = per_token_cast(x, "e4m3", 128, false, round_sf, round_sf);
       EXPECT_TRUE(bitwise_equal(packed.data, want.data)) << "seed " << seed;
       EXPECT_TRUE(bitwise_equal(packed.sf, want.sf)) << "seed " << seed;
+    }
+  // Per-block casts: blocks of a multiple of 32 columns that tile the row take the bf16 amax
+  // pass, the others the f32 one; blocks whose amax is a number take the integer e4m3 codes
+  // with the fallback per vector.
+  for (BlockSize bs : {BlockSize{1, 32}, {2, 32}, {3, 160}, {4, 64}, {1, 128}, {128, 128}})
+    for (bool round_sf : {true, false}) {
+      const QuantTensor got = per_block_cast(x, "e4m3", bs, false, round_sf);
+      EXPECT_TRUE(same_cast(got, ref::tk::per_block_cast(x, "e4m3", bs, round_sf),
+                            blocks_of(x.size(0), bs.first), blocks_of(x.size(1), bs.second)))
+          << "block " << bs.first << "x" << bs.second << " round_sf " << round_sf << " seed "
+          << seed;
     }
 }
 

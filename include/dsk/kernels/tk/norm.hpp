@@ -102,9 +102,14 @@ void rms_norm_rows(const NormArgs& a, int64_t r0, int64_t r1) {
     const T* row = static_cast<const T*>(a.x) + r * a.x_stride;
     O* out = static_cast<O*>(a.out) + r * a.out_stride;
     const float rstd = rms_rstd<S>(row, a.cols, a.eps);
-    rms_norm_row<S>(
-        row, static_cast<const W*>(a.weight), a.cols, rstd,
-        [&](int64_t i, int live, auto y) { norm_detail::store_part<S>(out + i, y, live); });
+    // The second pass fetches the next row into L1 for the first pass of the next row, which
+    // otherwise waited on its misses (cold 4096 x 7168 bf16: 0.8 of a streaming read-write of the
+    // same bytes -> 1.0).
+    rms_norm_row<S>(row, static_cast<const W*>(a.weight), a.cols, rstd,
+                    [&](int64_t i, int live, auto y) {
+                      prefetch_ahead(row + i, a.x_stride);
+                      norm_detail::store_part<S>(out + i, y, live);
+                    });
   }
 }
 

@@ -47,6 +47,17 @@ inline constexpr Mask16 first_lanes(int n) {
   return n >= 16 ? 0xFFFFu : ((1u << n) - 1u);
 }
 
+// Prefetches p + ahead (elements; the same columns of the next row, say) into L1 (kLocality 3)
+// or L2 (2). The rows' math is slower than the memory, and without it the row's loads miss and
+// the core waits, a demand miss at a time. (Integer addresses: after the last row the address is
+// past the tensor, harmless for a prefetch but not a valid pointer.)
+template <int kLocality = 3, class T>
+DSK_TK_INLINE void prefetch_ahead(const T* p, int64_t ahead) {
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) +
+                                                   static_cast<uintptr_t>(ahead) * sizeof(T)),
+                     0, kLocality);
+}
+
 template <class I>
 struct Simd;
 
