@@ -102,17 +102,19 @@ int reduction_order(const Plan& plan, int64_t t, int* ranks) {
 }
 
 // One combine: the sender packs (and, in expand mode, reduces) its rows. On channels that hold
-// records (shared memory) the owner reduces each token as soon as all its records arrived,
+// records (shared memory, MPI) the owner reduces each token as soon as all its records arrived,
 // reading them where they landed, and releases them once every token that reads them is done;
-// the senders stream in token order, so the tokens complete in order. Elsewhere the owner stages
-// the records per source rank in stream order and reduces them in finish().
+// the senders stream in token order, so the tokens complete in order. Elsewhere, and where the
+// channel cannot hold all of a token's records from one rank at once (single reduction through
+// small slots, which would otherwise stall), the owner stages the records per source rank in
+// stream order and reduces them in finish().
 struct CombineOp final : Operation {
   Checked c;
   std::shared_ptr<const Plan> plan;
   std::vector<Tensor> keep;  // the inputs the callbacks read, alive until the exchange ends
   size_t row_bytes = 0, w_bytes = 0;
   bool single = false;  // one record per slot, one reduction at the owner
-  SumRowsFn sum = sum_rows();
+  kernels::SumRowsFn sum = row_sums().sum;
   // Single reduction. Sender: per owner, the expanded rows in stream order. Owner: [T*K] each
   // slot's record index in its expert rank's stream, or -1.
   std::vector<std::vector<int32_t>> slot_rows;
@@ -313,6 +315,26 @@ std::vector<int64_t> plan_slot_streams(CombineOp& op) {
   return records;
 }
 
+// The most records one token reads from one rank: hold mode keeps them all held at once.
+int64_t most_records_per_token(const CombineOp& op) {
+  if (!op.single) return 1;
+  const Plan& plan = *op.plan;
+  const int K = plan.num_topk;
+  int64_t most = 0;
+  for (int64_t t = 0; t < plan.num_tokens; ++t) {
+    for (int k = 0; k < K; ++k) {
+      const int32_t e = plan.topk[t * K + k];
+      if (e < 0) continue;
+      int64_t same_rank = 0;
+      for (int j = 0; j < K; ++j)
+        same_rank += plan.topk[t * K + j] >= 0 &&
+                     plan.topk[t * K + j] / plan.num_local_experts == e / plan.num_local_experts;
+      most = std::max(most, same_rank);
+    }
+  }
+  return most;
+}
+
 }  // namespace
 
 CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& h,
@@ -374,7 +396,9 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
   if (c.weights) op->combined_w = Tensor::empty({T, K}, DType::f32);
   op->rows_scratch.resize(static_cast<size_t>(2 + std::max(R, kMaxTopk)));
   op->ranks_scratch.resize(static_cast<size_t>(std::max(R, kMaxTopk)));
-  op->held = b.channel->holds_records();
+  // Records are read where they landed when the channel can hold a token's worth of them.
+  op->held = b.channel->holds_records() &&
+             b.channel->max_held_records(spec.record_bytes) >= most_records_per_token(*op);
   if (op->held) {
     if (!op->single) op->record_token = plan.send_list;
     op->held_row.resize(R);

@@ -148,6 +148,10 @@ class Channel {
   virtual size_t chunk_bytes() const = 0;
   // Whether exchanges honour ExchangeSpec::hold / released.
   virtual bool holds_records() const { return false; }
+  // With hold and records of record_bytes (no direct rows): the most consecutive records from one
+  // peer that the receiver can hold at once. An operation that holds records until every record
+  // of a token arrived needs at least a token's records from one peer, or the exchange stalls.
+  virtual int64_t max_held_records(size_t /*record_bytes*/) const { return 0; }
   // An output the peers can write into (ExchangeSpec::direct_dest), or an undefined Tensor when
   // the channel has none or none is free.
   virtual Tensor shared_output(const Shape& /*shape*/, DType /*dtype*/) { return {}; }
@@ -237,9 +241,13 @@ struct LowLatencyPlan {
   int64_t tmax = 0;  // num_max_dispatch_tokens_per_rank
   int64_t hidden = 0;
   std::vector<int32_t> topk;  // [T*K] global expert ids or -1
-  // Owner side: per expert rank r, the slots t*K+k whose rows r sends back, in the order it sends
-  // them (its local expert, then token, then slot).
+  // The combine streams every owner's rows back in the owner's token order, each token's slots in
+  // top-k order, so the owner can sum a token as soon as its rows arrived.
+  // Owner side: per expert rank r, the slots t*K+k whose rows r sends back, in that order.
   std::vector<std::vector<int32_t>> back_slots;
+  // Expert side: per source rank s, the flat rows e*R*Tmax+row of recv_x that go back to s, in
+  // that order (set as the dispatch receives).
+  std::vector<std::vector<int64_t>> back_rows;
   // Expert side: rows received per (local expert e, source rank s) at [e*R+s], and their first row.
   std::vector<int64_t> rows;
   std::vector<int64_t> begin;

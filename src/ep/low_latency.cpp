@@ -7,9 +7,11 @@
 // [int32 source token][int32 local expert of each selecting slot, then -1s], padded to 16. The
 // receiver writes the row once per listed expert.
 // Combine record: [bf16 row] of one (token, expert) pair, or with use_logfmt its LogFMT-10
-// message (ep/logfmt.hpp), sent back in (local expert, token, slot) order; the owner stages them
-// per (token, slot) and sums in top-k order, so results do not depend on arrival order. With
-// zero_copy the rows come from one of two buffer-owned tensors that
+// message (ep/logfmt.hpp), sent back in the owner's token order, each token's slots in top-k
+// order (the dispatch's receive notes that order). The owner sums a token in top-k order as soon
+// as its records from every rank arrived, reading them where the channel holds them (or, on
+// channels that cannot hold them, from a staged copy), so results do not depend on arrival
+// order. With zero_copy the rows come from one of two buffer-owned tensors that
 // get_next_low_latency_combine_buffer hands out, not from x: every transport streams records
 // through fixed per-peer slots in the owner's order, so the masked layout cannot be the
 // transport's own memory, and packing from the buffer-owned tensor is the one copy x's path makes.
@@ -23,6 +25,7 @@
 
 #include "ep/internal.hpp"
 #include "ep/logfmt.hpp"
+#include "ep/reduce.hpp"
 #include "ep/routing.hpp"
 
 namespace dsk::ep {
@@ -31,13 +34,6 @@ namespace {
 
 constexpr const char* kDispatch = "ep::Buffer::low_latency_dispatch";
 constexpr const char* kCombine = "ep::Buffer::low_latency_combine";
-
-float widen(uint16_t bits) {
-  const uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // Header of the exchange: the signature, this sender's T and record count to the receiver, then
 // (as in normal mode) rows to every rank and the (token, expert) pairs per receiver's expert.
@@ -155,6 +151,12 @@ void LowLatencyDispatchOp::on_headers() {
     std::fill(src_info + e * RT + next, src_info + (e + 1) * RT, -1);
   }
   cursor = plan->begin;
+  plan->back_rows.assign(R, {});
+  for (int s = 0; s < R; ++s) {
+    int64_t rows_from_s = 0;
+    for (int e = 0; e < El; ++e) rows_from_s += plan->rows[e * R + s];
+    plan->back_rows[s].reserve(static_cast<size_t>(rows_from_s));
+  }
 }
 
 void LowLatencyDispatchOp::unpack(int s, int64_t first, int64_t n, const std::byte* src) {
@@ -168,6 +170,7 @@ void LowLatencyDispatchOp::unpack(int s, int64_t first, int64_t n, const std::by
       const int e = experts[k];
       const int64_t row = cursor[e * R + s]++;
       const int64_t flat = e * RT + row;
+      plan->back_rows[s].push_back(flat);  // records come in token order, experts in slot order
       std::memcpy(recv_x + flat * fmt.x_bytes, src, fmt.x_bytes);
       if (fmt.sf_bytes) std::memcpy(recv_sf + flat * fmt.sf_bytes, src + fmt.x_bytes, fmt.sf_bytes);
       src_info[flat] = token;
@@ -287,26 +290,22 @@ LowLatencyDispatchResult run_low_latency_dispatch(BufferImpl& b, const Tensor& x
   prepare_rows(*op, x);
 
   // Tokens per destination (once per rank), (token, expert) pairs per expert, and the order the
-  // experts' rows come back in combine: (local expert, token, slot) per expert rank.
+  // experts' rows come back in combine: token, then slot, per expert rank.
   op->send_list.assign(R, {});
+  plan->back_slots.assign(R, {});
   std::vector<int32_t> pairs(static_cast<size_t>(num_experts), 0);
-  std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(num_experts));
   std::vector<int64_t> listed(R, -1);  // the last token listed for each rank
   for (int64_t t = 0; t < T; ++t) {
     for (int k = 0; k < K; ++k) {
       const int32_t g = plan->topk[t * K + k];
       if (g < 0) continue;
       ++pairs[g];
-      by_expert[g].push_back(static_cast<int32_t>(t * K + k));
+      plan->back_slots[g / El].push_back(static_cast<int32_t>(t * K + k));
       if (listed[g / El] == t) continue;
       listed[g / El] = t;
       op->send_list[g / El].push_back(static_cast<int32_t>(t));
     }
   }
-  plan->back_slots.assign(R, {});
-  for (int g = 0; g < num_experts; ++g)
-    plan->back_slots[g / El].insert(plan->back_slots[g / El].end(), by_expert[g].begin(),
-                                    by_expert[g].end());
 
   // Outputs: recv_x and the scales in one low-latency block; the small tensors on the heap.
   const int64_t RT = op->RT;
@@ -376,25 +375,46 @@ namespace {
 
 struct LowLatencyCombineOp final : Operation {
   std::shared_ptr<const LowLatencyPlan> plan;
-  int64_t H = 0, RT = 0;
-  bool logfmt = false;   // records are LogFMT-10 messages, decoded by the owner
-  size_t row_bytes = 0;  // staged bytes per (token, slot): a BF16 row, or a message's room
+  int64_t H = 0;
+  int K = 0;
+  bool logfmt = false;  // records are LogFMT-10 messages, decoded by the owner
   const uint16_t* x = nullptr;
   const float* weights = nullptr;
-  std::vector<std::vector<int64_t>> send_rows;  // per owner: flat rows e*RT+row, in order
-  Tensor stage;                                 // u8 [T*K, row_bytes] per (token, slot)
+  kernels::WeightedSumRowsFn weighted_sum = row_sums().weighted;
   Tensor combined;
   std::vector<Tensor> keep;
+  // Owner: slot t*K+k's record index in its expert rank's stream, or -1.
+  std::vector<int32_t> slot_record;
+  // Held records: where record i of rank r is readable, how many of r's arrived and were
+  // released, and the tokens [0, next_token) already summed. Otherwise the records are staged,
+  // per rank in stream order (stage_offset[r] is rank r's first).
+  bool held = false;
+  std::vector<std::vector<const std::byte*>> held_record;
+  std::vector<int64_t> arrived, released;
+  int64_t next_token = 0;
+  Tensor stage;
+  std::vector<int64_t> stage_offset;
+  std::vector<const bf16*> rows_scratch;
+  std::vector<float> weights_scratch, acc_scratch;
 
   void pack(int d, int64_t first, int64_t n, std::byte* dst) const;
-  void unpack(int r, int64_t first, int64_t n, const std::byte* src);
+  const std::byte* record(int r, int64_t i) const {
+    if (held) return held_record[r][i];
+    return static_cast<const std::byte*>(stage.data_ptr()) +
+           static_cast<size_t>(stage_offset[r] + i) * spec.record_bytes;
+  }
+  int rank_of(int64_t slot) const { return plan->topk[slot] / plan->num_local_experts; }
+  void reduce_token(int64_t t);
+  void hold(int r, int64_t first, int64_t n, const std::byte* src);
+  int64_t release_upto(int r);
   void finish() override;
 };
 
 void LowLatencyCombineOp::pack(int d, int64_t first, int64_t n, std::byte* dst) const {
   const size_t rb = spec.record_bytes;
+  const std::vector<int64_t>& rows = plan->back_rows[d];
   for (int64_t i = 0; i < n; ++i, dst += rb) {
-    const uint16_t* row = x + send_rows[d][first + i] * H;
+    const uint16_t* row = x + rows[first + i] * H;
     if (logfmt) {
       logfmt::encode(row, H, dst);
     } else {
@@ -403,40 +423,55 @@ void LowLatencyCombineOp::pack(int d, int64_t first, int64_t n, std::byte* dst) 
   }
 }
 
-// Stages each record at its (token, slot), copying only the bytes a LogFMT message uses.
-void LowLatencyCombineOp::unpack(int r, int64_t first, int64_t n, const std::byte* src) {
-  const size_t rb = spec.record_bytes;
-  auto* staged = static_cast<std::byte*>(stage.data_ptr());
-  for (int64_t i = 0; i < n; ++i, src += rb) {
-    const size_t used = logfmt ? logfmt::message_bytes(src, H) : row_bytes;
-    std::memcpy(staged + static_cast<size_t>(plan->back_slots[r][first + i]) * row_bytes, src,
-                used);
+// combined[t] = bf16(sum over slots in top-k order of w * f32(row)), from zero
+// (dsk/kernels/ep/reduce.hpp); a LogFMT row adds its decoded f32 values (upstream's
+// decode_and_accumulate).
+void LowLatencyCombineOp::reduce_token(int64_t t) {
+  int n = 0;
+  for (int k = 0; k < K; ++k) {
+    const int64_t slot = t * K + k;
+    if (plan->topk[slot] < 0) continue;
+    rows_scratch[n] = reinterpret_cast<const bf16*>(record(rank_of(slot), slot_record[slot]));
+    weights_scratch[n++] = weights[slot];
   }
+  bf16* out = combined.data<bf16>() + t * H;
+  if (!logfmt) return weighted_sum(rows_scratch.data(), weights_scratch.data(), n, H, out);
+  std::fill(acc_scratch.begin(), acc_scratch.end(), 0.0f);
+  for (int i = 0; i < n; ++i)
+    logfmt::decode_accumulate(reinterpret_cast<const std::byte*>(rows_scratch[i]), H,
+                              weights_scratch[i], acc_scratch.data());
+  convert_f32_to_bf16(acc_scratch.data(), out, static_cast<size_t>(H));
 }
 
-// combined[t] = bf16(sum over slots in top-k order of w * f32(row)), from zero; a LogFMT row
-// adds its decoded f32 values (upstream's decode_and_accumulate).
-void LowLatencyCombineOp::finish() {
-  const int64_t T = plan->num_tokens;
-  const int K = plan->num_topk;
-  const auto* staged = static_cast<const std::byte*>(stage.data_ptr());
-  auto* result = combined.data<bf16>();
-  std::vector<float> acc(static_cast<size_t>(H));
-  for (int64_t t = 0; t < T; ++t) {
-    std::fill(acc.begin(), acc.end(), 0.0f);
+// Records [first, first + n) of rank r are readable at src; sums every token now complete.
+void LowLatencyCombineOp::hold(int r, int64_t first, int64_t n, const std::byte* src) {
+  for (int64_t i = 0; i < n; ++i)
+    held_record[r][first + i] = src + static_cast<size_t>(i) * spec.record_bytes;
+  arrived[r] = first + n;
+  const auto complete = [&](int64_t t) {
     for (int k = 0; k < K; ++k) {
-      if (plan->topk[t * K + k] < 0) continue;
-      const float w = weights[t * K + k];
-      const std::byte* row = staged + static_cast<size_t>(t * K + k) * row_bytes;
-      if (logfmt) {
-        logfmt::decode_accumulate(row, H, w, acc.data());
-        continue;
-      }
-      const auto* bits = reinterpret_cast<const uint16_t*>(row);
-      for (int64_t h = 0; h < H; ++h) acc[h] += w * widen(bits[h]);
+      const int64_t slot = t * K + k;
+      if (plan->topk[slot] >= 0 && slot_record[slot] >= arrived[rank_of(slot)]) return false;
     }
-    convert_f32_to_bf16(acc.data(), result + t * H, static_cast<size_t>(H));
+    return true;
+  };
+  while (next_token < plan->num_tokens && complete(next_token)) reduce_token(next_token++);
+}
+
+// Rank r's records that no unsummed token reads (its stream is in token order).
+int64_t LowLatencyCombineOp::release_upto(int r) {
+  const std::vector<int32_t>& slots = plan->back_slots[r];
+  int64_t& done = released[r];
+  while (done < static_cast<int64_t>(slots.size()) && slots[done] / K < next_token) ++done;
+  return done;
+}
+
+void LowLatencyCombineOp::finish() {
+  if (held) {
+    DSK_CHECK(next_token == plan->num_tokens, kCombine, "internal: a token's rows never arrived");
+    return;
   }
+  for (int64_t t = 0; t < plan->num_tokens; ++t) reduce_token(t);
 }
 
 Shape combine_buffer_shape(const LowLatencyPlan& plan) {
@@ -522,24 +557,30 @@ LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
   op->sized_by_headers = false;
   op->plan = h.plan;
   op->H = H;
-  op->RT = R * plan.tmax;
+  op->K = K;
   op->logfmt = a.use_logfmt;
-  op->row_bytes = a.use_logfmt ? logfmt::max_message_bytes(H) : 2 * static_cast<size_t>(H);
+  const size_t row_bytes = a.use_logfmt ? logfmt::max_message_bytes(H) : 2 * static_cast<size_t>(H);
   const Tensor source = combine_source(b, x, a.zero_copy);
   op->x = reinterpret_cast<const uint16_t*>(source.data_ptr());
   op->weights = topk_weights.data<float>();
   op->keep = {source, topk_weights};
-  op->send_rows.assign(R, {});
   std::vector<int64_t> records(R, 0);
-  for (int s = 0; s < R; ++s) {
-    for (int e = 0; e < El; ++e) {
-      const int64_t begin = plan.begin[e * R + s];
-      for (int64_t i = 0; i < plan.rows[e * R + s]; ++i)
-        op->send_rows[s].push_back(e * op->RT + begin + i);
+  for (int s = 0; s < R; ++s) records[s] = static_cast<int64_t>(plan.back_rows[s].size());
+  // Each slot's place in its expert rank's stream, and the most records a token reads from one
+  // rank (what holding the records needs).
+  op->slot_record.assign(static_cast<size_t>(T * K), -1);
+  int64_t most_per_token = 0;
+  for (int r = 0; r < R; ++r) {
+    const std::vector<int32_t>& slots = plan.back_slots[r];
+    for (size_t i = 0, run = 0; i < slots.size(); ++i) {
+      op->slot_record[slots[i]] = static_cast<int32_t>(i);
+      run = i > 0 && slots[i] / K == slots[i - 1] / K ? run + 1 : 1;
+      most_per_token = std::max(most_per_token, static_cast<int64_t>(run));
     }
-    records[s] = static_cast<int64_t>(op->send_rows[s].size());
   }
-  op->stage = b.pooled({T * K, static_cast<int64_t>(op->row_bytes)}, DType::u8);
+  op->rows_scratch.resize(static_cast<size_t>(K));
+  op->weights_scratch.resize(static_cast<size_t>(K));
+  if (a.use_logfmt) op->acc_scratch.resize(static_cast<size_t>(H));
   LowLatencyCombineResult out;
   if (a.out) {
     op->combined = *a.out;
@@ -551,7 +592,23 @@ LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
   out.combined_x = op->combined;
 
   ExchangeSpec& spec = op->spec;
-  init_spec(spec, R, El, align_up(op->row_bytes, 16));
+  init_spec(spec, R, El, align_up(row_bytes, 16));
+  op->held = b.channel->holds_records() &&
+             b.channel->max_held_records(spec.record_bytes) >= most_per_token;
+  if (op->held) {
+    op->held_record.resize(R);
+    for (int r = 0; r < R; ++r) op->held_record[r].resize(plan.back_slots[r].size());
+    op->arrived.assign(R, 0);
+    op->released.assign(R, 0);
+  } else {
+    op->stage_offset.assign(R, 0);
+    int64_t staged = 0;
+    for (int r = 0; r < R; ++r) {
+      op->stage_offset[r] = staged;
+      staged += static_cast<int64_t>(plan.back_slots[r].size());
+    }
+    op->stage = b.pooled({staged * static_cast<int64_t>(spec.record_bytes)}, DType::u8);
+  }
   const Signature sig{.kind = 4,
                       .hidden = static_cast<int32_t>(H),
                       .num_topk = K,
@@ -582,9 +639,19 @@ LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
       sp.recv_records[r] = expected;
     }
   };
-  spec.unpack = [self](int r, int64_t first, int64_t n, const std::byte* src) {
-    self->unpack(r, first, n, src);
-  };
+  if (op->held) {
+    spec.hold = [self](int r, int64_t first, int64_t n, const std::byte* src) {
+      self->hold(r, first, n, src);
+    };
+    spec.released = [self](int r) { return self->release_upto(r); };
+  } else {
+    spec.unpack = [self](int r, int64_t first, int64_t n, const std::byte* src) {
+      const size_t rb = self->spec.record_bytes;
+      std::memcpy(static_cast<std::byte*>(self->stage.data_ptr()) +
+                      static_cast<size_t>(self->stage_offset[r] + first) * rb,
+                  src, static_cast<size_t>(n) * rb);
+    };
+  }
   attach_completion(b, op, a.return_recv_hook, a.async_finish, kCombine, out);
   return out;
 }

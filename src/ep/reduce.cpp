@@ -1,4 +1,4 @@
-// The combine's row reduction: the portable instance and the choice by backend.
+// The combines' row reductions: the portable instance and the choice by backend.
 #include "ep/reduce.hpp"
 
 #include <dsk/core/cpu.hpp>
@@ -6,14 +6,14 @@
 
 namespace dsk::ep::detail {
 
-SumRowsFn sum_rows_generic() {
-  return &kernels::sum_bf16_rows<tile::generic_t>;
+RowSums row_sums_generic() {
+  return kernels::row_sums<tile::generic_t>();
 }
 
-SumRowsFn sum_rows() {
-  if (backend() != Backend::generic) return sum_rows_avx512();
+RowSums row_sums() {
+  if (backend() != Backend::generic) return row_sums_avx512();
   static const bool avx2 = cpu_features().avx2 && cpu_features().fma && cpu_features().f16c;
-  return avx2 ? sum_rows_generic_avx2() : sum_rows_generic();
+  return avx2 ? row_sums_generic_avx2() : row_sums_generic();
 }
 
 }  // namespace dsk::ep::detail

@@ -1,19 +1,17 @@
-// The combine's row reduction (dsk/kernels/ep/reduce.hpp) for the running backend. Private to
+// The combines' row reductions (dsk/kernels/ep/reduce.hpp) for the running backend. Private to
 // src/ep.
 #pragma once
 
-#include <cstdint>
-
-#include <dsk/core/dtype.hpp>
+#include <dsk/kernels/ep/reduce.hpp>
 
 namespace dsk::ep::detail {
 
-using SumRowsFn = void (*)(const bf16* const* rows, int n, bool from_zero, int64_t cols, bf16* out);
+using kernels::RowSums;
 
-SumRowsFn sum_rows_generic();       // reduce.cpp (baseline x86-64)
-SumRowsFn sum_rows_generic_avx2();  // reduce_avx2.cpp: the same code built for AVX2
-SumRowsFn sum_rows_avx512();        // reduce_avx512.cpp (avx512 and amx backends)
+RowSums row_sums_generic();       // reduce.cpp (baseline x86-64)
+RowSums row_sums_generic_avx2();  // reduce_avx2.cpp: the same code built for AVX2
+RowSums row_sums_avx512();        // reduce_avx512.cpp (avx512 and amx backends)
 // The instance of dsk::backend(); on the generic backend the AVX2 build where the CPU has AVX2.
-SumRowsFn sum_rows();
+RowSums row_sums();
 
 }  // namespace dsk::ep::detail

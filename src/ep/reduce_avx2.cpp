@@ -1,4 +1,4 @@
-// The combine's row reduction, portable code compiled for AVX2 (*_avx2.cpp gets -mavx2 -mfma ...):
+// The combines' row reductions, portable code compiled for AVX2 (*_avx2.cpp gets -mavx2 -mfma ...):
 // the generic backend's instance on CPUs that have AVX2. The same source and, with
 // -ffp-contract=off, the same bits as the baseline build in reduce.cpp; on an AMD Zen 3 it sums
 // rows about 1.6x (from DRAM) to 2x (from the caches) faster.
@@ -8,8 +8,8 @@
 
 namespace dsk::ep::detail {
 
-SumRowsFn sum_rows_generic_avx2() {
-  return &kernels::sum_bf16_rows<tile::generic_t>;
+RowSums row_sums_generic_avx2() {
+  return kernels::row_sums<tile::generic_t>();
 }
 
 }  // namespace dsk::ep::detail

@@ -87,6 +87,8 @@ class MpiChannel final : public Channel {
   size_t max_header_bytes() const override { return header_capacity(size_); }
   size_t chunk_bytes() const override { return 0; }
   bool holds_records() const override { return true; }
+  // Records without direct rows are all held once the exchange's Alltoallv completed.
+  int64_t max_held_records(size_t /*record_bytes*/) const override { return INT64_MAX; }
 
   std::unique_ptr<Exchange> start(ExchangeSpec& spec, const char* fn) override;
 

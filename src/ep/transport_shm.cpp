@@ -82,6 +82,23 @@ struct Mapping {
 
 class ShmExchange;
 
+// How an exchange cuts a channel's slots of chunk_bytes for records of record_bytes: records per
+// ring chunk, the chunk's bytes, and the chunks in flight per receiver.
+struct RingGeometry {
+  int64_t per_chunk = 1;
+  size_t slot_bytes = 0;
+  uint64_t slots = 2;
+};
+
+RingGeometry ring_geometry(size_t chunk_bytes, size_t record_bytes) {
+  RingGeometry g;
+  g.per_chunk = static_cast<int64_t>(
+      std::clamp(kChunkTarget / record_bytes, size_t{1}, chunk_bytes / record_bytes));
+  g.slot_bytes = static_cast<size_t>(g.per_chunk) * record_bytes;
+  g.slots = std::clamp(kInFlight / g.slot_bytes, size_t{2}, 2 * chunk_bytes / g.slot_bytes);
+  return g;
+}
+
 class ShmChannel final : public Channel {
  public:
   ShmChannel(const CommImpl& comm, int64_t num_bytes, size_t output_block_bytes, double timeout_s)
@@ -115,6 +132,13 @@ class ShmChannel final : public Channel {
   size_t max_header_bytes() const override { return header_cap_; }
   size_t chunk_bytes() const override { return chunk_; }
   bool holds_records() const override { return true; }
+  // Held records keep their ring chunks (and a rank's own, their buffers): `slots` chunks, and n
+  // consecutive records may start at the last record of a chunk.
+  int64_t max_held_records(size_t record_bytes) const override {
+    if (record_bytes == 0 || record_bytes > chunk_) return 0;
+    const RingGeometry g = ring_geometry(chunk_, record_bytes);
+    return static_cast<int64_t>(g.slots - 1) * g.per_chunk + 1;
+  }
   size_t shared_output_bytes() const override { return outputs_reserved_ ? 2 * output_block_ : 0; }
 
   Tensor shared_output(const Shape& shape, DType dtype) override {
@@ -241,10 +265,10 @@ class ShmExchange final : public Exchange {
               "the buffer is too small: one row needs " + std::to_string(spec.record_bytes) +
                   " bytes, a slot holds " + std::to_string(ch_.chunk_) +
                   " (size the buffer with Buffer::get_buffer_size_hint)");
-    per_chunk_ = static_cast<int64_t>(
-        std::clamp(kChunkTarget / spec.record_bytes, size_t{1}, ch_.chunk_ / spec.record_bytes));
-    slot_bytes_ = static_cast<size_t>(per_chunk_) * spec.record_bytes;
-    slots_ = std::clamp(kInFlight / slot_bytes_, size_t{2}, 2 * ch_.chunk_ / slot_bytes_);
+    const RingGeometry g = ring_geometry(ch_.chunk_, spec.record_bytes);
+    per_chunk_ = g.per_chunk;
+    slot_bytes_ = g.slot_bytes;
+    slots_ = g.slots;
     seq_ = ++ch_.exchanges_;
     sent_.assign(R_, 0);
     got_.assign(R_, 0);

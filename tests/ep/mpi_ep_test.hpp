@@ -63,6 +63,17 @@ inline Tensor random_topk(int64_t T, int K, int E, std::mt19937_64& rng, double 
   return idx;
 }
 
+// Routing whose every token sends all K slots to one rank ((t + rank) % R, each slot a distinct
+// one of its El >= K experts): more rows per token and rank than slots of a few rows hold.
+inline Tensor crowded_topk(int64_t T, int K, int El, int R, int rank) {
+  Tensor idx = Tensor::empty({T, K}, DType::i64);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t r = (t + rank) % R;
+    for (int k = 0; k < K; ++k) idx.data<int64_t>()[t * K + k] = r * El + (t + k) % El;
+  }
+  return idx;
+}
+
 inline Tensor random_weights(int64_t T, int K, std::mt19937_64& rng) {
   std::uniform_real_distribution<float> d(0.1f, 1.0f);
   Tensor w = Tensor::empty({T, K}, DType::f32);

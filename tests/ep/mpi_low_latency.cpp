@@ -213,6 +213,31 @@ TEST_P(EpTest, LowLatencyCombineIsTheWeightedSumInTopkOrder) {
   }
 }
 
+// Every token's 8 slots on one rank, through slots of a few rows: more of a token's rows than the
+// owner can hold where they land, so it stages them; identity experts give x * sum(w) bitwise.
+TEST_P(EpTest, LowLatencyCombineOfTokensWhoseSlotsCrowdOneRank) {
+  BufferConfig cfg = config();
+  cfg.num_topk = 8;
+  cfg.num_experts = 16 * R();
+  cfg.num_bytes = static_cast<int64_t>(R()) * 8 * 1024;  // about 3 rows per slot
+  Buffer buffer(comm(), cfg);
+  const int64_t T = 24 - 3 * me();
+  const Tensor x = random_bf16(T, kHidden, rng);
+  const Tensor topk = crowded_topk(T, cfg.num_topk, 16, R(), me());
+  const Tensor weights = random_weights(T, cfg.num_topk, rng);
+  const LowLatencyDispatchResult d =
+      buffer.low_latency_dispatch(x, topk, kTmax, cfg.num_experts, {.use_fp8 = false});
+  const LowLatencyCombineResult c = buffer.low_latency_combine(d.recv_x, topk, weights, d.handle);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t h = 0; h < kHidden; ++h) {
+      float acc = 0.0f;
+      for (int k = 0; k < cfg.num_topk; ++k)
+        acc += weights.at<float>({t, k}) * bf16_to_f32(x.at<bf16>({t, h}));
+      ASSERT_EQ(c.combined_x.at<bf16>({t, h}).bits, f32_to_bf16(acc).bits) << t << "," << h;
+    }
+  }
+}
+
 // A token whose slots are all -1 goes nowhere and combines to zero.
 TEST_P(EpTest, LowLatencyMaskedTokensGoNowhere) {
   auto buffer = make_buffer();

@@ -199,6 +199,23 @@ TEST_P(EpTest, SingleReductionCombineStreamsThroughTheHintedBuffer) {
 }
 
 // Non-expand rows were already reduced over the local experts: the flag changes nothing.
+// Every token's 8 slots on one rank, through slots of a few rows: the owner cannot hold all of a
+// token's rows where they land (it would wait for rows that cannot be posted), so it stages them.
+TEST_P(EpTest, SingleReductionCombineOfTokensWhoseSlotsCrowdOneRank) {
+  BufferConfig cfg = config();
+  cfg.num_topk = 8;
+  cfg.num_experts = 16 * R();
+  cfg.num_bytes = static_cast<int64_t>(R()) * 8 * 1024;  // about 3 rows per slot
+  auto buffer = single_reduction_buffer(comm(), cfg);
+  const uint64_t seed = shared_seed();
+  const int64_t T = 24 - 3 * me();
+  const Tensor x = random_bf16(T, kHidden, rng);
+  const Tensor topk = crowded_topk(T, cfg.num_topk, 16, R(), me());
+  const DispatchResult d = buffer->dispatch(x, {.topk_idx = topk, .do_expand = true});
+  const CombineResult c = buffer->combine(expert_outputs(d, seed, me(), 16), d.handle, {});
+  expect_single_reduction(c, topk, nullptr, {}, seed, cfg.num_max_tokens_per_rank);
+}
+
 TEST_P(EpTest, SingleReductionLeavesNonExpandCombineUnchanged) {
   auto single = single_reduction_buffer(comm(), config());
   auto multiple = make_buffer();

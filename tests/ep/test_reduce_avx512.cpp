@@ -1,11 +1,11 @@
-// The AVX-512 instance of the combine's row reduction, for test_reduce.cpp. Built with the AVX-512
-// flags; only this function is, so the test's own code runs on every CPU.
+// The AVX-512 instance of the combines' row reductions, for test_reduce.cpp. Built with the
+// AVX-512 flags; only this function is, so the test's own code runs on every CPU.
 #include <dsk/kernels/ep/reduce.hpp>
 
 namespace dsk::ep::kernels {
 
-void (*avx512_sum_rows_for_test())(const bf16* const*, int, bool, int64_t, bf16*) {
-  return &sum_bf16_rows<tile::avx512_t>;
+RowSums avx512_row_sums_for_test() {
+  return row_sums<tile::avx512_t>();
 }
 
 }  // namespace dsk::ep::kernels
