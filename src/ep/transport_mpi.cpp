@@ -1,6 +1,7 @@
 // The MPI transport (ranks on different hosts): counts then Alltoallv. The headers travel in one
 // MPI_Ialltoall, the records, packed per destination, in one MPI_Ialltoallv whose element is a
-// contiguous datatype of one record (so counts stay small integers). Everything is non-blocking
+// contiguous datatype of one record (so counts stay small integers; a rank's records to itself
+// are read where they were packed). Everything is non-blocking
 // and polled with the EP timeout, so a dead peer raises dsk::Error instead of hanging.
 //
 // Direct rows (ExchangeSpec::direct_*) do not pass through a packed copy: the records travel
@@ -161,6 +162,8 @@ class MpiExchange final : public Exchange {
       new std::vector<std::byte>(std::move(whole_buf_));
       new std::vector<std::byte>(std::move(own_rows_));
       new std::vector<int>(std::move(recv_counts_));
+      new std::vector<int>(std::move(mpi_send_counts_));
+      new std::vector<int>(std::move(mpi_recv_counts_));
     }
   }
 
@@ -217,7 +220,9 @@ class MpiExchange final : public Exchange {
   }
   // Bytes per record in the record messages: a tail with direct rows, else a whole record.
   size_t stride() const { return direct() ? spec_.tail_bytes() : spec_.record_bytes; }
+  // This rank's records to itself are read where post() packed them.
   const std::byte* records_of(int r) const {
+    if (r == me_) return send_buf_.data() + static_cast<size_t>(send_displs_[r]) * stride();
     return recv_buf_.data() + static_cast<size_t>(recv_displs_[r]) * stride();
   }
   // Whole records of source r rebuilt from rows and tails (RowsTo::records).
@@ -255,13 +260,20 @@ class MpiExchange final : public Exchange {
         spec_.pack(r, 0, send_counts_[r], dst);
       }
     }
-    // Contiguous records on both ends: Open MPI moves them in one copy.
+    // Contiguous records on both ends: Open MPI moves them in one copy. A rank's records to
+    // itself stay where they were packed (records_of): Alltoallv would copy them once more.
+    DSK_CHECK(send_counts_[me_] == recv_counts_[me_], fn_,
+              "internal: this rank sends itself " + std::to_string(send_counts_[me_]) +
+                  " records but expects " + std::to_string(recv_counts_[me_]));
+    mpi_send_counts_ = send_counts_;
+    mpi_recv_counts_ = recv_counts_;
+    mpi_send_counts_[me_] = mpi_recv_counts_[me_] = 0;
     check_mpi(MPI_Type_contiguous(static_cast<int>(rb), MPI_BYTE, &record_), fn_,
               "MPI_Type_contiguous");
     MPI_Type_commit(&record_);
-    check_mpi(MPI_Ialltoallv(send_buf_.data(), send_counts_.data(), send_displs_.data(), record_,
-                             recv_buf_.data(), recv_counts_.data(), recv_displs_.data(), record_,
-                             comm_, &request_),
+    check_mpi(MPI_Ialltoallv(send_buf_.data(), mpi_send_counts_.data(), send_displs_.data(),
+                             record_, recv_buf_.data(), mpi_recv_counts_.data(),
+                             recv_displs_.data(), record_, comm_, &request_),
               fn_, "MPI_Ialltoallv");
     sources_.assign(R_, {});
     if (direct()) post_rows();
@@ -564,6 +576,7 @@ class MpiExchange final : public Exchange {
   int stage_ = 0;
   bool moved_ = false;
   std::vector<int> send_counts_, send_displs_, recv_counts_, recv_displs_;
+  std::vector<int> mpi_send_counts_, mpi_recv_counts_;  // the counts without this rank's own
   std::vector<std::byte>& send_buf_;
   std::vector<std::byte>& recv_buf_;
   std::vector<std::byte>& rows_buf_;
