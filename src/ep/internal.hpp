@@ -93,6 +93,10 @@ struct ExchangeSpec {
   // them, so the receiver can use them in place, in an order of its own.
   std::function<void(int peer, int64_t first, int64_t n, const std::byte* src)> hold;
   std::function<int64_t(int peer)> released;
+  // Optional, with hold: record i to this rank itself, whole, where it already is. A channel
+  // that holds records hands these over one by one (hold(me, i, 1, own_record(i))) instead of
+  // packing them; records to itself are then neither packed nor unpacked.
+  std::function<const std::byte*(int64_t i)> own_record;
   // Optional, with hold and direct rows: as hold, but the records travelled as tails (see
   // below) at src and their rows apart: row i is at rows + i * direct_row_bytes, readable as long
   // as the records are. Channels call it where a row need not be copied to be read in place: a

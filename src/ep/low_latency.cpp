@@ -644,6 +644,13 @@ LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
       self->hold(r, first, n, src);
     };
     spec.released = [self](int r) { return self->release_upto(r); };
+    // A BF16 record is the row as it is (2H is a multiple of 16): this rank's own are summed
+    // where they are.
+    if (!a.use_logfmt && spec.record_bytes == 2 * static_cast<size_t>(H)) {
+      spec.own_record = [self, me = b.rank](int64_t i) {
+        return reinterpret_cast<const std::byte*>(self->x + self->plan->back_rows[me][i] * self->H);
+      };
+    }
   } else {
     spec.unpack = [self](int r, int64_t first, int64_t n, const std::byte* src) {
       const size_t rb = self->spec.record_bytes;

@@ -220,6 +220,8 @@ class MpiExchange final : public Exchange {
   }
   // Bytes per record in the record messages: a tail with direct rows, else a whole record.
   size_t stride() const { return direct() ? spec_.tail_bytes() : spec_.record_bytes; }
+  // Records to this rank itself read where they already are (ExchangeSpec::own_record).
+  bool own_records() const { return spec_.hold && spec_.own_record && !direct(); }
   // This rank's records to itself are read where post() packed them.
   const std::byte* records_of(int r) const {
     if (r == me_) return send_buf_.data() + static_cast<size_t>(send_displs_[r]) * stride();
@@ -252,7 +254,7 @@ class MpiExchange final : public Exchange {
     send_buf_.resize(std::max(send_buf_.size(), static_cast<size_t>(send_total) * rb + 1));
     recv_buf_.resize(std::max(recv_buf_.size(), static_cast<size_t>(recv_total) * rb + 1));
     for (int r = 0; r < R_; ++r) {
-      if (send_counts_[r] == 0) continue;
+      if (send_counts_[r] == 0 || (r == me_ && own_records())) continue;
       std::byte* dst = send_buf_.data() + static_cast<size_t>(send_displs_[r]) * rb;
       if (direct()) {
         spec_.pack_direct(r, 0, send_counts_[r], dst, nullptr);
@@ -548,6 +550,10 @@ class MpiExchange final : public Exchange {
           break;
         case RowsTo::records:
         case RowsTo::none: {
+          if (r == me_ && own_records()) {
+            for (int64_t i = 0; i < recv_counts_[r]; ++i) spec_.hold(r, i, 1, spec_.own_record(i));
+            break;
+          }
           const std::byte* records = s.to == RowsTo::records ? whole_records(r) : records_of(r);
           if (spec_.hold) {
             spec_.hold(r, 0, recv_counts_[r], records);  // read before the next exchange
