@@ -307,6 +307,20 @@ inline __m256i f32x16_to_bf16(__m512 x) {
   return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
 }
 
+// f32x16_to_bf16 of 32 values (lo: 0..15, hi: 16..31) in one 512-bit vector: one conversion
+// instruction and one branch for both (a vector pair holding a subnormal takes the integer path).
+inline __m512i f32x32_to_bf16(__m512 lo, __m512 hi) {
+  const __m512i exponent = convert_detail::set1_u32(0x7F800000u);
+  const __m512i mantissa = convert_detail::set1_u32(0x007FFFFFu);
+  const __mmask16 lo_sub = _mm512_testn_epi32_mask(_mm512_castps_si512(lo), exponent) &
+                           _mm512_test_epi32_mask(_mm512_castps_si512(lo), mantissa);
+  const __mmask16 hi_sub = _mm512_testn_epi32_mask(_mm512_castps_si512(hi), exponent) &
+                           _mm512_test_epi32_mask(_mm512_castps_si512(hi), mantissa);
+  if ((lo_sub | hi_sub) == 0) [[likely]]
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(f32x16_to_bf16(lo)), f32x16_to_bf16(hi), 1);
+}
+
 inline __m128i f32x16_to_e4m3(__m512 x) {
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i abs_bits = _mm512_and_si512(bits, convert_detail::set1_u32(0x7FFFFFFFu));

@@ -138,13 +138,16 @@ DSK_TK_INLINE void layer_norm_rows_interleaved(const T* row, int64_t x_stride, c
     }
   for (int r = 0; r < kRows; ++r)
     rstd[r] = S::set1(1.0f / std::sqrt(S::reduce_add(sq[r]) / n + eps));
-  for (int i = 0; i < kVectors; ++i) {
-    const auto w = S::load(weight + 16 * i);
-    for (int r = 0; r < kRows; ++r) {
-      auto y = S::mul(S::mul(S::sub(x_at(r, i), mean[r]), rstd[r]), w);
-      if (bias != nullptr) y = S::add(y, S::load(bias + 16 * i));
-      S::store(out + r * out_stride + 16 * i, y);
-    }
+  // Two vectors at a time: a BF16 row is converted 32 values per instruction (Simd::store2).
+  static_assert(kVectors % 2 == 0);
+  const auto y_at = [&](int r, int i, typename S::F w) {
+    const auto y = S::mul(S::mul(S::sub(x_at(r, i), mean[r]), rstd[r]), w);
+    return bias != nullptr ? S::add(y, S::load(bias + 16 * i)) : y;
+  };
+  for (int i = 0; i < kVectors; i += 2) {
+    const auto w0 = S::load(weight + 16 * i), w1 = S::load(weight + 16 * (i + 1));
+    for (int r = 0; r < kRows; ++r)
+      S::store2(out + r * out_stride + 16 * i, y_at(r, i, w0), y_at(r, i + 1, w1));
   }
 }
 

@@ -116,6 +116,12 @@ struct Simd<tile::generic_t> {
   static void store_n(T* p, F x, int n) {
     for (int i = 0; i < n; ++i) p[i] = narrow<T>(x.v[i]);
   }
+  // 32 values: store(p, lo), store(p + 16, hi).
+  template <class T>
+  static void store2(T* p, F lo, F hi) {
+    store(p, lo);
+    store(p + 16, hi);
+  }
   // 16 e4m3 codes (saturating, RNE).
   static void store_e4m3(e4m3* p, F x) { store_e4m3_n(p, x, 16); }
   static void store_e4m3_n(e4m3* p, F x, int n) {
@@ -431,6 +437,16 @@ struct Simd<tile::avx512_t> {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), tile::f32x16_to_bf16(x));
     else
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), tile::f32x16_to_f16(x));
+  }
+  // 32 values: store(p, lo), store(p + 16, hi); BF16 through one conversion of both.
+  template <class T>
+  static void store2(T* p, F lo, F hi) {
+    if constexpr (std::is_same_v<T, bf16>) {
+      _mm512_storeu_si512(p, tile::f32x32_to_bf16(lo, hi));
+    } else {
+      store(p, lo);
+      store(p + 16, hi);
+    }
   }
   template <class T>
   static void store_n(T* p, F x, int n) {

@@ -148,7 +148,8 @@ DSK_TK_INLINE void hadamard_row_in_registers(const T* src, T* dst, typename S::F
   butterflies_across_vectors<S, 4>(x);
   butterflies_across_vectors<S, 8>(x);
 #pragma GCC unroll 16
-  for (int i = 0; i < kVectors; ++i) S::store(dst + 16 * i, S::mul(x[i], scale));
+  for (int i = 0; i < kVectors; i += 2)
+    S::store2(dst + 16 * i, S::mul(x[i], scale), S::mul(x[i + 1], scale));
 }
 
 }  // namespace hadamard_detail
