@@ -119,8 +119,7 @@ struct CombineOp final : Operation {
   // slot's record index in its expert rank's stream, or -1.
   std::vector<std::vector<int32_t>> slot_rows;
   std::vector<int32_t> slot_record;
-  std::vector<int64_t> stage_offset;
-  Tensor stage;  // u8 [records * record_bytes], pooled
+  StagedRecords staged;  // when not held
   Tensor combined_x, combined_w;
   // Hold mode: per expert rank, where each record is readable, how many arrived, the token each
   // record belongs to (stream order), and how many of them no unreduced token reads.
@@ -139,8 +138,7 @@ struct CombineOp final : Operation {
   // Record `index` from rank r: its row, and its tail (what follows the row: the weights).
   const std::byte* staged_row(int r, int64_t index) const {
     if (held) return held_row[r][index];
-    return static_cast<const std::byte*>(stage.data_ptr()) +
-           static_cast<size_t>(stage_offset[r] + index) * spec.record_bytes;
+    return staged.record(r, index);
   }
   const std::byte* staged_tail(int r, int64_t index) const {
     return held ? held_tail[r][index] : staged_row(r, index) + row_bytes;
@@ -410,13 +408,8 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
     op->arrived.assign(R, 0);
     op->released.assign(R, 0);
   } else {
-    op->stage_offset.assign(R, 0);
-    int64_t staged = 0;
-    for (int r = 0; r < R; ++r) {
-      op->stage_offset[r] = staged;
-      staged += expected[r];
-    }
-    op->stage = b.pooled({staged * static_cast<int64_t>(spec.record_bytes)}, DType::u8);
+    op->staged = StagedRecords(expected, spec.record_bytes,
+                               [&](int64_t bytes) { return b.pooled({bytes}, DType::u8); });
   }
 
   // The callbacks may run on the communication thread; they reach everything through `self`.
@@ -480,10 +473,7 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
     spec.released = [self](int r) { return self->release_upto(r); };
   } else {
     spec.unpack = [self](int r, int64_t first, int64_t n, const std::byte* src) {
-      const size_t rb = self->spec.record_bytes;
-      std::memcpy(static_cast<std::byte*>(self->stage.data_ptr()) +
-                      static_cast<size_t>(self->stage_offset[r] + first) * rb,
-                  src, static_cast<size_t>(n) * rb);
+      self->staged.unpack(r, first, n, src);
     };
   }
   b.execute(op, a.async_finish, kFn);

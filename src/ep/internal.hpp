@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -255,6 +256,37 @@ struct LowLatencyPlan {
   // Expert side: rows received per (local expert e, source rank s) at [e*R+s], and their first row.
   std::vector<int64_t> rows;
   std::vector<int64_t> begin;
+};
+
+// Records kept per source rank in stream order, for operations on channels that cannot hold
+// them where they land (ExchangeSpec::unpack copies them here; record(r, i) reads them back).
+class StagedRecords {
+ public:
+  StagedRecords() = default;
+  // counts[r]: the records rank r sends; the memory comes from `pooled`.
+  template <class Pooled>
+  StagedRecords(const std::vector<int64_t>& counts, size_t record_bytes, Pooled pooled)
+      : record_bytes_(record_bytes), offset_(counts.size(), 0) {
+    int64_t total = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      offset_[r] = total;
+      total += counts[r];
+    }
+    memory_ = pooled(total * static_cast<int64_t>(record_bytes));
+  }
+  void unpack(int r, int64_t first, int64_t n, const std::byte* src) {
+    std::memcpy(record_at(r, first), src, static_cast<size_t>(n) * record_bytes_);
+  }
+  const std::byte* record(int r, int64_t i) const { return record_at(r, i); }
+
+ private:
+  std::byte* record_at(int r, int64_t i) const {
+    return static_cast<std::byte*>(memory_.data_ptr()) +
+           static_cast<size_t>(offset_[r] + i) * record_bytes_;
+  }
+  size_t record_bytes_ = 0;
+  std::vector<int64_t> offset_;
+  Tensor memory_;
 };
 
 struct BufferImpl {

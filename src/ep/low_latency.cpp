@@ -392,16 +392,13 @@ struct LowLatencyCombineOp final : Operation {
   std::vector<std::vector<const std::byte*>> held_record;
   std::vector<int64_t> arrived, released;
   int64_t next_token = 0;
-  Tensor stage;
-  std::vector<int64_t> stage_offset;
+  StagedRecords staged;
   std::vector<const bf16*> rows_scratch;
   std::vector<float> weights_scratch, acc_scratch;
 
   void pack(int d, int64_t first, int64_t n, std::byte* dst) const;
   const std::byte* record(int r, int64_t i) const {
-    if (held) return held_record[r][i];
-    return static_cast<const std::byte*>(stage.data_ptr()) +
-           static_cast<size_t>(stage_offset[r] + i) * spec.record_bytes;
+    return held ? held_record[r][i] : staged.record(r, i);
   }
   int rank_of(int64_t slot) const { return plan->topk[slot] / plan->num_local_experts; }
   void reduce_token(int64_t t);
@@ -601,13 +598,10 @@ LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
     op->arrived.assign(R, 0);
     op->released.assign(R, 0);
   } else {
-    op->stage_offset.assign(R, 0);
-    int64_t staged = 0;
-    for (int r = 0; r < R; ++r) {
-      op->stage_offset[r] = staged;
-      staged += static_cast<int64_t>(plan.back_slots[r].size());
-    }
-    op->stage = b.pooled({staged * static_cast<int64_t>(spec.record_bytes)}, DType::u8);
+    std::vector<int64_t> counts(R);
+    for (int r = 0; r < R; ++r) counts[r] = static_cast<int64_t>(plan.back_slots[r].size());
+    op->staged = StagedRecords(counts, spec.record_bytes,
+                               [&](int64_t bytes) { return b.pooled({bytes}, DType::u8); });
   }
   const Signature sig{.kind = 4,
                       .hidden = static_cast<int32_t>(H),
@@ -653,10 +647,7 @@ LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
     }
   } else {
     spec.unpack = [self](int r, int64_t first, int64_t n, const std::byte* src) {
-      const size_t rb = self->spec.record_bytes;
-      std::memcpy(static_cast<std::byte*>(self->stage.data_ptr()) +
-                      static_cast<size_t>(self->stage_offset[r] + first) * rb,
-                  src, static_cast<size_t>(n) * rb);
+      self->staged.unpack(r, first, n, src);
     };
   }
   attach_completion(b, op, a.return_recv_hook, a.async_finish, kCombine, out);
