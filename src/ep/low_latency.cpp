@@ -387,7 +387,7 @@ struct LowLatencyCombineOp final : Operation {
   std::vector<int32_t> slot_record;
   // Held records: where record i of rank r is readable, how many of r's arrived and were
   // released, and the tokens [0, next_token) already summed. Otherwise the records are staged,
-  // per rank in stream order (stage_offset[r] is rank r's first).
+  // per rank in stream order, and summed once the exchange ended.
   bool held = false;
   std::vector<std::vector<const std::byte*>> held_record;
   std::vector<int64_t> arrived, released;
