@@ -89,6 +89,22 @@ struct Problem {
   int64_t recv_bytes = 0;  // bytes of the received BF16 rows on this rank
 };
 
+// Uniform routing: distinct experts per token, as upstream's benchmark draws them.
+void uniform_routing(int64_t T, int E, uint64_t seed, Tensor& topk, Tensor& weights) {
+  std::mt19937_64 rng(seed);
+  topk = Tensor::empty({T, kTopk}, DType::i64);
+  weights = Tensor::empty({T, kTopk}, DType::f32);
+  std::vector<int> experts(E);
+  for (int64_t t = 0; t < T; ++t) {
+    std::iota(experts.begin(), experts.end(), 0);
+    for (int k = 0; k < kTopk; ++k) {
+      std::swap(experts[k], experts[k + rng() % (E - k)]);
+      topk.data<int64_t>()[t * kTopk + k] = experts[k];
+      weights.data<float>()[t * kTopk + k] = 1.0f / kTopk;
+    }
+  }
+}
+
 std::shared_ptr<Problem> make_problem(ep::Transport transport, bool quick, bool fp8) {
   auto p = std::make_shared<Problem>();
   const int64_t T = quick ? 1024 : 4096;
@@ -111,19 +127,7 @@ std::shared_ptr<Problem> make_problem(ep::Transport transport, bool quick, bool 
     convert_f32_to_e4m3(row.data(), p->x_fp8.data.data<e4m3>(), row.size());
     for (int64_t i = 0; i < p->x_fp8.sf.numel(); ++i) p->x_fp8.sf.data<float>()[i] = 1.0f;
   }
-  // Uniform routing: distinct experts per token, as upstream's benchmark draws them.
-  std::mt19937_64 rng(11 + static_cast<uint64_t>(comm().rank()));
-  p->topk = Tensor::empty({T, kTopk}, DType::i64);
-  p->weights = Tensor::empty({T, kTopk}, DType::f32);
-  std::vector<int> experts(E);
-  for (int64_t t = 0; t < T; ++t) {
-    std::iota(experts.begin(), experts.end(), 0);
-    for (int k = 0; k < kTopk; ++k) {
-      std::swap(experts[k], experts[k + rng() % (E - k)]);
-      p->topk.data<int64_t>()[t * kTopk + k] = experts[k];
-      p->weights.data<float>()[t * kTopk + k] = 1.0f / kTopk;
-    }
-  }
+  uniform_routing(T, E, 11 + static_cast<uint64_t>(comm().rank()), p->topk, p->weights);
   p->dispatched = p->buffer->dispatch(p->x, {.topk_idx = p->topk, .topk_weights = p->weights});
   p->recv_bytes = p->dispatched.recv_x.size(0) * kHidden * 2;
   return p;
@@ -291,6 +295,100 @@ BenchCase overlap_case() {
           }};
 }
 
+// ---- The model's path (Model::Impl::moe_expert_parallel): FP8 dispatch in expand mode (one row
+// per (token, local expert), blocks aligned for m_grouped_*_contiguous), then the single-reduction
+// combine of every slot's row with the shared expert's output as the bias ----
+
+struct ExpandProblem {
+  std::unique_ptr<ep::Buffer> buffer;
+  gemm::Fp8Tensor x;
+  Tensor topk, weights;
+  Tensor y, bias;  // the experts' outputs in the expanded layout; the shared expert's output
+  ep::DispatchHandle handle;
+  std::vector<int64_t> slots_to, slots_from;  // (token, expert) slots per destination / source
+  int64_t slots = 0;                          // slots this rank receives (rows without padding)
+};
+
+std::shared_ptr<ExpandProblem> make_expand_problem(ep::Transport transport, bool quick) {
+  auto p = std::make_shared<ExpandProblem>();
+  const int64_t T = quick ? 1024 : 4096;
+  const int R = comm().size();
+  const int E = kExperts - kExperts % R;
+  p->buffer =
+      std::make_unique<ep::Buffer>(comm(), ep::BufferConfig{.num_max_tokens_per_rank = T,
+                                                            .hidden = kHidden,
+                                                            .num_topk = kTopk,
+                                                            .num_experts = E,
+                                                            .use_fp8_dispatch = true,
+                                                            .deterministic = true,
+                                                            .allow_multiple_reduction = false,
+                                                            .transport = transport});
+  std::vector<float> values(static_cast<size_t>(T * kHidden));
+  fill_uniform(values.data(), values.size(), 29 + static_cast<uint64_t>(comm().rank()));
+  p->x.data = Tensor::empty({T, kHidden}, DType::e4m3);
+  p->x.sf = Tensor::empty({T, kHidden / 128}, DType::f32);
+  convert_f32_to_e4m3(values.data(), p->x.data.data<e4m3>(), values.size());
+  for (int64_t i = 0; i < p->x.sf.numel(); ++i) p->x.sf.data<float>()[i] = 1.0f;
+  p->bias = Tensor::empty({T, kHidden}, DType::bf16);
+  convert_f32_to_bf16(values.data(), p->bias.data<bf16>(), values.size());
+  uniform_routing(T, E, 31 + static_cast<uint64_t>(comm().rank()), p->topk, p->weights);
+  p->slots_to.assign(R, 0);
+  for (int64_t i = 0; i < T * kTopk; ++i) ++p->slots_to[p->topk.data<int64_t>()[i] / (E / R)];
+  p->slots_from.assign(R, 0);
+  comm().alltoallv(p->slots_to.data(), std::vector<int64_t>(R, 8), p->slots_from.data(),
+                   std::vector<int64_t>(R, 8));
+  p->slots = std::accumulate(p->slots_from.begin(), p->slots_from.end(), int64_t{0});
+  const ep::DispatchResult d = p->buffer->dispatch(
+      p->x, {.topk_idx = p->topk, .topk_weights = p->weights, .do_expand = true});
+  p->handle = d.handle;
+  p->y = Tensor::empty({d.recv_x.size(0), kHidden}, DType::bf16);
+  p->y.fill_bytes_(0x3C);  // finite values, padding rows included
+  return p;
+}
+
+// Bytes counted: the received slots' rows (FP8 with scales for dispatch, BF16 for combine),
+// padding rows not counted. Peers: a memcpy of those bytes, or one MPI_Alltoallv moving them
+// between the same ranks.
+BenchCase expand_case(bool dispatch, ep::Transport transport) {
+  const bool mpi = transport != ep::Transport::shared_memory;
+  return {.name = std::string(dispatch ? "ep_dispatch_fp8_expand" : "ep_combine_bf16_single") +
+                  suffix(transport),
+          .shape = "T=4096(--quick 1024),H=7168,topk=8,E=256,model path",
+          .ceiling = "dram_read",
+          .peer = mpi ? "MPI_Alltoallv" : "memcpy",
+          .quick = false,
+          .unavailable = needs_mpirun,
+          .prepare = [=](const CaseContext& ctx) {
+            auto p = make_expand_problem(transport, ctx.quick);
+            const int64_t row_bytes = dispatch ? kHidden + kHidden / 32 : kHidden * 2;
+            std::function<void()> call;
+            if (dispatch)
+              call = [p] {
+                p->buffer->dispatch(
+                    p->x, {.topk_idx = p->topk, .topk_weights = p->weights, .do_expand = true});
+              };
+            else
+              call = [p] { p->buffer->combine(p->y, p->handle, {.bias = {p->bias}}); };
+            // Dispatch moves slots from their owner to the expert ranks, combine back.
+            std::vector<int64_t> to = dispatch ? p->slots_to : p->slots_from;
+            std::vector<int64_t> from = dispatch ? p->slots_from : p->slots_to;
+            for (auto* counts : {&to, &from})
+              for (int64_t& c : *counts) c *= row_bytes;
+            const int64_t bytes = p->slots * row_bytes;
+            std::function<void()> peer;
+            if (mpi) {
+              auto sbuf = peer_buffer(std::accumulate(to.begin(), to.end(), int64_t{0}), 1);
+              auto rbuf = peer_buffer(std::accumulate(from.begin(), from.end(), int64_t{0}), 0);
+              peer = [sbuf, rbuf, to, from] {
+                comm().alltoallv(sbuf->data_ptr(), to, rbuf->data_ptr(), from);
+              };
+            } else {
+              peer = memcpy_peer(bytes);
+            }
+            return timed(call, static_cast<double>(bytes), peer, ctx.quick);
+          }};
+}
+
 // ---- Low-latency mode: T = 128 (upstream's decode benchmark), FP8 dispatch, BF16 combine ----
 constexpr int64_t kLowLatencyTokens = 128;
 
@@ -315,22 +413,16 @@ std::shared_ptr<LowLatencyProblem> make_low_latency_problem(ep::Transport transp
   std::vector<float> row(static_cast<size_t>(T * kHidden));
   fill_uniform(row.data(), row.size(), 17 + static_cast<uint64_t>(comm().rank()));
   convert_f32_to_bf16(row.data(), p->x.data<bf16>(), row.size());
-  std::mt19937_64 rng(23 + static_cast<uint64_t>(comm().rank()));
-  p->topk = Tensor::empty({T, kTopk}, DType::i64);
-  p->weights = Tensor::empty({T, kTopk}, DType::f32);
+  uniform_routing(T, E, 23 + static_cast<uint64_t>(comm().rank()), p->topk, p->weights);
   p->dispatch_bytes.assign(R, 0);
   p->combine_bytes.assign(R, 0);
-  std::vector<int> experts(E);
   for (int64_t t = 0; t < T; ++t) {
-    std::iota(experts.begin(), experts.end(), 0);
     std::vector<bool> hit(R, false);
     for (int k = 0; k < kTopk; ++k) {
-      std::swap(experts[k], experts[k + rng() % (E - k)]);
-      p->topk.data<int64_t>()[t * kTopk + k] = experts[k];
-      p->weights.data<float>()[t * kTopk + k] = 1.0f / kTopk;
-      p->combine_bytes[experts[k] / El] += kHidden * 2;
-      if (!hit[experts[k] / El]) p->dispatch_bytes[experts[k] / El] += kHidden + kHidden / 32;
-      hit[experts[k] / El] = true;
+      const int64_t rank = p->topk.data<int64_t>()[t * kTopk + k] / El;
+      p->combine_bytes[rank] += kHidden * 2;
+      if (!hit[rank]) p->dispatch_bytes[rank] += kHidden + kHidden / 32;
+      hit[rank] = true;
     }
   }
   const ep::LowLatencyDispatchResult d = p->buffer->low_latency_dispatch(p->x, p->topk, T, E);
@@ -395,6 +487,10 @@ void register_ep_cases(Registry& r) {
   }
   r.add(transfer_case(Op::dispatch_fp8, ep::Transport::shared_memory));
   r.add(overlap_case());
+  for (ep::Transport transport : {ep::Transport::shared_memory, ep::Transport::mpi_alltoallv}) {
+    r.add(expand_case(true, transport));
+    r.add(expand_case(false, transport));
+  }
   for (ep::Transport transport :
        {ep::Transport::shared_memory, ep::Transport::mpi_alltoallv, ep::Transport::mpi_one_sided}) {
     r.add(low_latency_case(true, transport));

@@ -435,6 +435,27 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
         if (self->c.weights) std::memcpy(dst, self->c.weights + row * K, self->w_bytes);
       }
     };
+  } else if (op->single) {
+    // A slot record is an expert output row of x, unchanged: MPI channels send the rows from x
+    // (packing only chunks whose rows are not consecutive there) and the weights as tails.
+    spec.direct_row_bytes = op->row_bytes;
+    spec.direct_dest = [](int) { return nullptr; };
+    spec.direct_src = [self](int d, int64_t i) {
+      return reinterpret_cast<const std::byte*>(self->c.x + self->slot_rows[d][i] * self->c.H);
+    };
+    spec.pack_direct = [self](int d, int64_t first, int64_t n, std::byte* dst, std::byte* rows) {
+      const int32_t* slot = self->slot_rows[d].data() + first;
+      for (int64_t i = 0; i < n; ++i, dst += self->spec.tail_bytes()) {
+        if (rows)
+          std::memcpy(rows + i * self->row_bytes, self->c.x + slot[i] * self->c.H, self->row_bytes);
+        if (self->c.weights) std::memcpy(dst, self->c.weights + slot[i], self->w_bytes);
+      }
+    };
+    // Without weights a record is its row: this rank's own are summed where they are in x.
+    if (op->held && !c.weights)
+      spec.own_record = [self, rank](int64_t i) {
+        return reinterpret_cast<const std::byte*>(self->c.x + self->slot_rows[rank][i] * self->c.H);
+      };
   }
   spec.on_headers = [self, R, rank, expected = std::move(expected)] {
     ExchangeSpec& sp = self->spec;

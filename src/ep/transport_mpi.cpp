@@ -62,6 +62,7 @@ struct Scratch {
   std::vector<std::byte> rows;        // the combine rings
   std::vector<std::byte> whole;       // whole records rebuilt from rows and tails
   std::vector<std::byte> own_rows;    // this rank's rows to itself, when not consecutive
+  std::vector<std::byte> gathered;    // ring chunks whose rows are not consecutive, packed
 };
 
 class MpiChannel final : public Channel {
@@ -88,8 +89,15 @@ class MpiChannel final : public Channel {
   size_t max_header_bytes() const override { return header_capacity(size_); }
   size_t chunk_bytes() const override { return 0; }
   bool holds_records() const override { return true; }
-  // Records without direct rows are all held once the exchange's Alltoallv completed.
-  int64_t max_held_records(size_t /*record_bytes*/) const override { return INT64_MAX; }
+  // Records without direct rows are all held once the exchange's Alltoallv completed; direct
+  // rows wait in their source's ring of kRingChunks chunks, a chunk reposted once no unreduced
+  // token reads it, so a token's records from one rank fit up to this many (counted in whole
+  // records, which take at least a row's room).
+  int64_t max_held_records(size_t record_bytes) const override {
+    const auto per_chunk = std::max<int64_t>(
+        1, static_cast<int64_t>(chunk_bytes_ / std::max<size_t>(record_bytes, 1)));
+    return (kRingChunks - 1) * per_chunk + 1;
+  }
 
   std::unique_ptr<Exchange> start(ExchangeSpec& spec, const char* fn) override;
 
@@ -137,7 +145,8 @@ class MpiExchange final : public Exchange {
         recv_buf_(scratch.recv),
         rows_buf_(scratch.rows),
         whole_buf_(scratch.whole),
-        own_rows_(scratch.own_rows) {
+        own_rows_(scratch.own_rows),
+        gathered_buf_(scratch.gathered) {
     check_mpi(MPI_Ialltoall(spec.send_headers.data(), static_cast<int>(spec.header_bytes), MPI_BYTE,
                             spec.recv_headers.data(), static_cast<int>(spec.header_bytes), MPI_BYTE,
                             comm_, &request_),
@@ -161,6 +170,7 @@ class MpiExchange final : public Exchange {
       new std::vector<std::byte>(std::move(rows_buf_));
       new std::vector<std::byte>(std::move(whole_buf_));
       new std::vector<std::byte>(std::move(own_rows_));
+      new std::vector<std::byte>(std::move(gathered_buf_));
       new std::vector<int>(std::move(recv_counts_));
       new std::vector<int>(std::move(mpi_send_counts_));
       new std::vector<int>(std::move(mpi_recv_counts_));
@@ -221,7 +231,10 @@ class MpiExchange final : public Exchange {
   // Bytes per record in the record messages: a tail with direct rows, else a whole record.
   size_t stride() const { return direct() ? spec_.tail_bytes() : spec_.record_bytes; }
   // Records to this rank itself read where they already are (ExchangeSpec::own_record).
-  bool own_records() const { return spec_.hold && spec_.own_record && !direct(); }
+  // With direct rows only when a record is its row (no tail to read beside it).
+  bool own_records() const {
+    return spec_.hold && spec_.own_record && (!direct() || spec_.tail_bytes() == 0);
+  }
   // This rank's records to itself are read where post() packed them.
   const std::byte* records_of(int r) const {
     if (r == me_) return send_buf_.data() + static_cast<size_t>(send_displs_[r]) * stride();
@@ -326,6 +339,7 @@ class MpiExchange final : public Exchange {
         DSK_CHECK(false, fn_, "internal: rows held in place travel in probed messages");
       }
     }
+    if (!probed()) reserve_gathered();
     for (int r = 0; r < R_; ++r) {
       if (r == me_) continue;
       if (probed()) {
@@ -343,23 +357,39 @@ class MpiExchange final : public Exchange {
               "MPI_Irecv");
   }
 
-  // Records [first, first + n) to r: their rows from where they are, as one block when they are
-  // consecutive there, else gathered by a datatype of their addresses (buffer MPI_BOTTOM).
+  // Ring chunks to other ranks whose rows are not consecutive in the sender's tensor (the slot
+  // rows of a single-reduction combine): room in gathered_buf_ to pack each, on a line.
+  void reserve_gathered() {
+    size_t bytes = 0;
+    for (int r = 0; r < R_; ++r)
+      for (int64_t c = 0; r != me_ && c < chunks_of(send_counts_[r]); ++c) {
+        const int64_t n = chunk_size(send_counts_[r], c);
+        if (spec_.contiguous_rows(r, chunk_first(c), n) == nullptr)
+          bytes += align_up(static_cast<size_t>(n) * row_bytes(), kAlign);
+      }
+    if (bytes == 0) return;
+    gathered_buf_.resize(std::max(gathered_buf_.size(), bytes + kAlign));
+    gathered_at_ = align_up(reinterpret_cast<uintptr_t>(gathered_buf_.data()), kAlign) -
+                   reinterpret_cast<uintptr_t>(gathered_buf_.data());
+  }
+
+  // Records [first, first + n) to r: their rows as one block, from where they are when they are
+  // consecutive there, else packed first. NOTES: a datatype gathering the rows where they are
+  // (hindexed) makes Open MPI copy them twice, through its fragments, which move only while both
+  // ranks are inside MPI calls; packed, the receiver reads them in one copy (CMA).
   void send_rows(int r, int64_t first, int64_t n) {
-    MPI_Request* request = &requests_.emplace_back();
-    if (const std::byte* block = spec_.contiguous_rows(r, first, n)) {
-      check_mpi(MPI_Isend(block, static_cast<int>(n), row_type_, r, kRowsTag, comm_, request), fn_,
-                "MPI_Isend");
-      return;
+    const std::byte* block = spec_.contiguous_rows(r, first, n);
+    if (block == nullptr) {
+      std::byte* packed = gathered_buf_.data() + gathered_at_;
+      gathered_at_ += align_up(static_cast<size_t>(n) * row_bytes(), kAlign);
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(packed + static_cast<size_t>(i) * row_bytes(), spec_.direct_src(r, first + i),
+                    row_bytes());
+      block = packed;
     }
-    std::vector<MPI_Aint> at(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) MPI_Get_address(spec_.direct_src(r, first + i), &at[i]);
-    MPI_Datatype rows = MPI_DATATYPE_NULL;
-    check_mpi(MPI_Type_create_hindexed_block(static_cast<int>(n), 1, at.data(), row_type_, &rows),
-              fn_, "MPI_Type_create_hindexed_block");
-    MPI_Type_commit(&rows);
-    types_.push_back(rows);
-    check_mpi(MPI_Isend(MPI_BOTTOM, 1, rows, r, kRowsTag, comm_, request), fn_, "MPI_Isend");
+    check_mpi(MPI_Isend(block, static_cast<int>(n), row_type_, r, kRowsTag, comm_,
+                        &requests_.emplace_back()),
+              fn_, "MPI_Isend");
   }
 
   // Probed messages to r: runs of rows consecutive in the sender's tensor, each at most
@@ -462,7 +492,11 @@ class MpiExchange final : public Exchange {
   bool advance_ring(int r, bool records) {
     Source& s = sources_[r];
     if (r == me_) {  // this rank's rows, read where they are
-      if (records && s.handed == 0 && recv_counts_[r] > 0) {
+      if (records && s.handed == 0 && recv_counts_[r] > 0 && own_records()) {
+        for (int64_t i = 0; i < recv_counts_[r]; ++i) spec_.hold(r, i, 1, spec_.own_record(i));
+        s.handed = 1;
+        moved_ = true;
+      } else if (records && s.handed == 0 && recv_counts_[r] > 0) {
         const std::byte* rows = spec_.contiguous_rows(r, 0, recv_counts_[r]);
         if (rows == nullptr) rows = gather_own_rows();  // not consecutive: one copy
         spec_.hold_rows(r, 0, recv_counts_[r], records_of(r), rows);
@@ -588,6 +622,8 @@ class MpiExchange final : public Exchange {
   std::vector<std::byte>& rows_buf_;
   std::vector<std::byte>& whole_buf_;
   std::vector<std::byte>& own_rows_;
+  std::vector<std::byte>& gathered_buf_;
+  size_t gathered_at_ = 0;  // the next packed chunk's place in gathered_buf_
 };
 
 std::unique_ptr<Exchange> MpiChannel::start(ExchangeSpec& spec, const char* fn) {
