@@ -62,7 +62,7 @@ struct Scratch {
   std::vector<std::byte> rows;        // the combine rings
   std::vector<std::byte> whole;       // whole records rebuilt from rows and tails
   std::vector<std::byte> own_rows;    // this rank's rows to itself, when not consecutive
-  std::vector<std::byte> gathered;    // ring chunks whose rows are not consecutive, packed
+  std::vector<std::byte> gathered;    // the send rings of chunks whose rows are not consecutive
 };
 
 class MpiChannel final : public Channel {
@@ -129,6 +129,16 @@ struct Source {
   std::vector<MPI_Request> slots;  // ring: the receive posted in each buffer
 };
 
+// The send side of one destination's ring chunks (combine rows): chunks go out in order, those
+// whose rows are not consecutive in the sender's tensor packed into one of kRingChunks buffers,
+// reused once the receiver took the chunk it held.
+struct Sink {
+  int64_t chunks = 0;              // messages to this destination
+  int64_t next = 0;                // chunks [0, next) were sent
+  std::byte* ring = nullptr;       // kRingChunks packing buffers, or null if never needed
+  std::vector<MPI_Request> slots;  // the send from each buffer
+};
+
 // Stage 0: headers in flight (MPI_Ialltoall); stage 1: records (MPI_Ialltoallv) and rows in
 // flight; stage 2: done.
 class MpiExchange final : public Exchange {
@@ -159,6 +169,8 @@ class MpiExchange final : public Exchange {
     bool pending = request_ != MPI_REQUEST_NULL;
     for (MPI_Request r : requests_) pending = pending || r != MPI_REQUEST_NULL;
     for (const Source& s : sources_)
+      for (MPI_Request r : s.slots) pending = pending || r != MPI_REQUEST_NULL;
+    for (const Sink& s : sinks_)
       for (MPI_Request r : s.slots) pending = pending || r != MPI_REQUEST_NULL;
     if (!pending) {
       for (MPI_Datatype* t : {&record_, &row_type_})
@@ -339,14 +351,13 @@ class MpiExchange final : public Exchange {
         DSK_CHECK(false, fn_, "internal: rows held in place travel in probed messages");
       }
     }
-    if (!probed()) reserve_gathered();
+    if (!probed()) reserve_sinks();
     for (int r = 0; r < R_; ++r) {
       if (r == me_) continue;
       if (probed()) {
         send_runs(r);
       } else {  // the receiver cuts the same chunks from the same counts
-        for (int64_t c = 0; c < chunks_of(send_counts_[r]); ++c)
-          send_rows(r, chunk_first(c), chunk_size(send_counts_[r], c));
+        send_chunks(r);
       }
     }
     self_rows_ = sources_[me_].to == RowsTo::dest ? recv_counts_[me_] : 0;
@@ -357,39 +368,81 @@ class MpiExchange final : public Exchange {
               "MPI_Irecv");
   }
 
-  // Ring chunks to other ranks whose rows are not consecutive in the sender's tensor (the slot
-  // rows of a single-reduction combine): room in gathered_buf_ to pack each, on a line.
-  void reserve_gathered() {
+  // The sinks of the ring chunks, and kRingChunks packing buffers (on lines) for each
+  // destination with a chunk whose rows are not consecutive in the sender's tensor (the slot
+  // rows of a single-reduction combine).
+  void reserve_sinks() {
+    sinks_.assign(R_, {});
+    std::vector<bool> packs(R_, false);
     size_t bytes = 0;
-    for (int r = 0; r < R_; ++r)
-      for (int64_t c = 0; r != me_ && c < chunks_of(send_counts_[r]); ++c) {
-        const int64_t n = chunk_size(send_counts_[r], c);
-        if (spec_.contiguous_rows(r, chunk_first(c), n) == nullptr)
-          bytes += align_up(static_cast<size_t>(n) * row_bytes(), kAlign);
-      }
+    for (int r = 0; r < R_; ++r) {
+      if (r == me_) continue;
+      sinks_[r].chunks = chunks_of(send_counts_[r]);
+      for (int64_t c = 0; c < sinks_[r].chunks && !packs[r]; ++c)
+        packs[r] =
+            spec_.contiguous_rows(r, chunk_first(c), chunk_size(send_counts_[r], c)) == nullptr;
+      if (packs[r]) bytes += kRingChunks * slot_bytes();
+    }
     if (bytes == 0) return;
     gathered_buf_.resize(std::max(gathered_buf_.size(), bytes + kAlign));
-    gathered_at_ = align_up(reinterpret_cast<uintptr_t>(gathered_buf_.data()), kAlign) -
-                   reinterpret_cast<uintptr_t>(gathered_buf_.data());
+    std::byte* at = gathered_buf_.data() +
+                    (align_up(reinterpret_cast<uintptr_t>(gathered_buf_.data()), kAlign) -
+                     reinterpret_cast<uintptr_t>(gathered_buf_.data()));
+    for (int r = 0; r < R_; ++r) {
+      if (!packs[r]) continue;
+      sinks_[r].ring = at;
+      sinks_[r].slots.assign(kRingChunks, MPI_REQUEST_NULL);
+      at += kRingChunks * slot_bytes();
+    }
   }
 
-  // Records [first, first + n) to r: their rows as one block, from where they are when they are
-  // consecutive there, else packed first. NOTES: a datatype gathering the rows where they are
-  // (hindexed) makes Open MPI copy them twice, through its fragments, which move only while both
-  // ranks are inside MPI calls; packed, the receiver reads them in one copy (CMA).
-  void send_rows(int r, int64_t first, int64_t n) {
-    const std::byte* block = spec_.contiguous_rows(r, first, n);
-    if (block == nullptr) {
-      std::byte* packed = gathered_buf_.data() + gathered_at_;
-      gathered_at_ += align_up(static_cast<size_t>(n) * row_bytes(), kAlign);
-      for (int64_t i = 0; i < n; ++i)
-        std::memcpy(packed + static_cast<size_t>(i) * row_bytes(), spec_.direct_src(r, first + i),
-                    row_bytes());
-      block = packed;
+  // Sends r's next chunks, in order (the receiver's ring matches them in order): from where the
+  // rows are when they are consecutive there, else packed into a free buffer of r's ring (the
+  // chunk waits until one is free). True if one went out. NOTES: a datatype gathering the rows
+  // where they are (hindexed) made Open MPI copy them twice, through its fragments, which move
+  // only while both ranks are inside MPI calls; packed, the receiver reads them in one copy
+  // (CMA), and a ring of buffers keeps the packed chunks in the caches until it does.
+  bool send_chunks(int r) {
+    Sink& sink = sinks_[r];
+    bool sent = false;
+    for (; sink.next < sink.chunks; ++sink.next, sent = true) {
+      const int64_t first = chunk_first(sink.next);
+      const int64_t n = chunk_size(send_counts_[r], sink.next);
+      MPI_Request* request = nullptr;
+      const std::byte* block = spec_.contiguous_rows(r, first, n);
+      if (block != nullptr) {
+        request = &requests_.emplace_back();
+      } else {
+        const size_t slot = static_cast<size_t>(sink.next % kRingChunks);
+        request = &sink.slots[slot];
+        if (*request != MPI_REQUEST_NULL) {
+          int done = 0;
+          check_mpi(MPI_Test(request, &done, MPI_STATUS_IGNORE), fn_, "MPI_Test");
+          if (!done) break;
+        }
+        std::byte* packed = sink.ring + slot * slot_bytes();
+        for (int64_t i = 0; i < n; ++i)
+          std::memcpy(packed + static_cast<size_t>(i) * row_bytes(), spec_.direct_src(r, first + i),
+                      row_bytes());
+        block = packed;
+      }
+      check_mpi(MPI_Isend(block, static_cast<int>(n), row_type_, r, kRowsTag, comm_, request), fn_,
+                "MPI_Isend");
     }
-    check_mpi(MPI_Isend(block, static_cast<int>(n), row_type_, r, kRowsTag, comm_,
-                        &requests_.emplace_back()),
-              fn_, "MPI_Isend");
+    return sent;
+  }
+
+  // Whether every ring chunk to r went out and its packing buffers are free again.
+  bool sink_done(int r) {
+    Sink& sink = sinks_[r];
+    if (sink.next < sink.chunks) return false;
+    for (MPI_Request& request : sink.slots) {
+      if (request == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), fn_, "MPI_Test");
+      if (!done) return false;
+    }
+    return true;
   }
 
   // Probed messages to r: runs of rows consecutive in the sender's tensor, each at most
@@ -480,6 +533,11 @@ class MpiExchange final : public Exchange {
     finished = finished && front_ == requests_.size();
     for (int r = 0; r < R_; ++r)
       if (sources_[r].to == RowsTo::ring && !advance_ring(r, records)) finished = false;
+    for (int r = 0; r < static_cast<int>(sinks_.size()); ++r) {
+      if (r == me_) continue;
+      if (send_chunks(r)) moved_ = true;
+      if (!sink_done(r)) finished = false;
+    }
     if (self_copied_ < self_rows_) {
       copy_self_slice();
       finished = false;
@@ -611,6 +669,7 @@ class MpiExchange final : public Exchange {
   size_t front_ = 0;                        // requests_[0, front_) completed
   std::vector<MPI_Datatype> types_;         // the rows' datatypes, freed with the exchange
   std::vector<Source> sources_;
+  std::vector<Sink> sinks_;  // ring chunks: per destination
   MPI_Datatype record_ = MPI_DATATYPE_NULL, row_type_ = MPI_DATATYPE_NULL;
   int64_t self_rows_ = 0, self_copied_ = 0;  // this rank's rows to its own output
   int stage_ = 0;
@@ -623,7 +682,6 @@ class MpiExchange final : public Exchange {
   std::vector<std::byte>& whole_buf_;
   std::vector<std::byte>& own_rows_;
   std::vector<std::byte>& gathered_buf_;
-  size_t gathered_at_ = 0;  // the next packed chunk's place in gathered_buf_
 };
 
 std::unique_ptr<Exchange> MpiChannel::start(ExchangeSpec& spec, const char* fn) {
