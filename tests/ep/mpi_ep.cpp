@@ -262,6 +262,36 @@ TEST_P(EpTest, WideRowsStreamThroughManyChunksInFlight) {
   }
 }
 
+// Model-sized rows and enough tokens that a combine sends each peer more than kStreamCopyBytes
+// (8 MB, src/ep/copy.hpp): the channels that pack rows into records then write them by
+// non-temporal stores. The sums stay bitwise those of refs.py's order, with and without the
+// weights that travel beside each row.
+TEST_P(EpTest, CombinesOfMoreThanTheStreamingSizeKeepTheUpstreamOrder) {
+  constexpr int64_t kWide = 7168, kTokens = 640;
+  BufferConfig cfg = config(false, kWide);
+  cfg.num_max_tokens_per_rank = kTokens;
+  Buffer buffer(comm(), cfg);
+  const int64_t T = kTokens - 17 * me();
+  const Tensor x = random_bf16(T, kWide, rng);
+  const Tensor topk = random_topk(T, kTopk, E(), rng, 0.1);
+  const Tensor w = random_weights(T, kTopk, rng);
+  const DispatchResult d = buffer.dispatch(x, {.topk_idx = topk, .topk_weights = w});
+  const Tensor y = answer_rows(d, kWide, me());
+  for (const bool weights : {false, true}) {
+    CombineArgs args;
+    if (weights) args.topk_weights = *d.recv_topk_weights;
+    const CombineResult c = buffer.combine(y, d.handle, args);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < kWide; ++h) {
+        const float acc = upstream_order_sum(topk, t, El(), me() * kTokens + t, h, 0.0f);
+        ASSERT_EQ(c.combined_x.at<bf16>({t, h}).bits, f32_to_bf16(acc).bits)
+            << "weights " << weights << " token " << t << " channel " << h;
+      }
+    }
+    if (weights) expect_combined_weights(c, topk, w);
+  }
+}
+
 // On shared memory a dispatch's rows are written by the senders into the receiver's output when
 // one of its two shared output blocks is free, and travel in the records otherwise. Rank 0 holds
 // one result more than the others, so in the third dispatch rank 0 has no free block and

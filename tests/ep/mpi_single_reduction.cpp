@@ -198,6 +198,31 @@ TEST_P(EpTest, SingleReductionCombineStreamsThroughTheHintedBuffer) {
   expect_single_reduction(c, topk, &w, {}, seed, tmax);
 }
 
+// Model-sized slot rows and enough tokens that each peer gets more than kStreamCopyBytes (8 MB,
+// src/ep/copy.hpp) of them: the channels that pack slot rows into records then write them by
+// non-temporal stores. Without weights a rank's own slot rows are read where they are in x.
+TEST_P(EpTest, SingleReductionCombineOfMoreThanTheStreamingSize) {
+  constexpr int64_t kWide = 7168, kTokens = 640;
+  BufferConfig cfg = config(false, kWide);
+  cfg.num_max_tokens_per_rank = kTokens;
+  auto buffer = single_reduction_buffer(comm(), cfg);
+  const uint64_t seed = shared_seed();
+  const int64_t T = kTokens - 17 * me();
+  const Tensor x = random_bf16(T, kWide, rng);
+  const Tensor topk = random_topk(T, kTopk, E(), rng, 0.1);
+  const Tensor w = random_weights(T, kTopk, rng);
+  const DispatchResult d =
+      buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w, .do_expand = true});
+  const Tensor y = expert_outputs(d, seed, me(), El());
+  const std::vector<Tensor> bias{random_bf16(T, kWide, rng)};
+  expect_single_reduction(buffer->combine(y, d.handle, {.bias = bias}), topk, nullptr, bias, seed,
+                          kTokens);
+  if (HasFatalFailure()) return;
+  expect_single_reduction(
+      buffer->combine(y, d.handle, {.topk_weights = *d.recv_topk_weights, .bias = bias}), topk, &w,
+      bias, seed, kTokens);
+}
+
 // Non-expand rows were already reduced over the local experts: the flag changes nothing.
 // Every token's 8 slots on one rank, through slots of a few rows: the owner cannot hold all of a
 // token's rows where they land (it would wait for rows that cannot be posted), so it stages them.
