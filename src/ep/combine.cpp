@@ -23,7 +23,6 @@
 #include <dsk/core/dtype.hpp>
 #include <dsk/core/error.hpp>
 
-#include "ep/copy.hpp"
 #include "ep/internal.hpp"
 #include "ep/reduce.hpp"
 #include "ep/routing.hpp"
@@ -115,14 +114,6 @@ struct CombineOp final : Operation {
   std::vector<Tensor> keep;  // the inputs the callbacks read, alive until the exchange ends
   size_t row_bytes = 0, w_bytes = 0;
   bool single = false;  // one record per slot, one reduction at the owner
-  // Rows packed into records by non-temporal stores (copy_row): exchanges of kStreamCopyBytes
-  // or more to other ranks. NOTES: the records are read by the other rank's core. On the AMD Zen
-  // 5 VM (T = 4096, 2 ranks, shared memory) a combine streaming its rows took 7.4-7.9 ms against
-  // 8.2-9.7 ms with memcpy (driver, six alternated pairs); `dsk bench ep`, noisier, 0.53-0.75x
-  // against 0.51-0.67x memcpy (eight pairs, six of them faster streaming). On a CPU whose cores
-  // share the last-level cache the ring's chunks could instead be read from that cache: re-measure
-  // there (ep_combine_bf16_shm).
-  bool stream_rows = false;
   kernels::SumRowsFn sum = row_sums().sum;
   // Single reduction. Sender: per owner, the expanded rows in stream order. Owner: [T*K] each
   // slot's record index in its expert rank's stream, or -1.
@@ -179,14 +170,13 @@ struct CombineOp final : Operation {
 
 void CombineOp::pack(int d, int64_t first, int64_t n, std::byte* dst) {
   if (single) return pack_slots(d, first, n, dst);
-  const StreamFence fence{stream_rows};
   const int64_t H = c.H;
   const int K = c.K;
   for (int64_t i = 0; i < n; ++i, dst += spec.record_bytes) {
     const int64_t row = plan->recv_offset[d] + first + i;
     float* w_out = reinterpret_cast<float*>(dst + row_bytes);
     if (!plan->expand) {
-      copy_row(dst, reinterpret_cast<const std::byte*>(c.x + row * H), row_bytes, stream_rows);
+      std::memcpy(dst, c.x + row * H, row_bytes);
       if (c.weights) std::memcpy(w_out, c.weights + row * K, w_bytes);
       continue;
     }
@@ -207,11 +197,9 @@ void CombineOp::pack(int d, int64_t first, int64_t n, std::byte* dst) {
 }
 
 void CombineOp::pack_slots(int d, int64_t first, int64_t n, std::byte* dst) {
-  const StreamFence fence{stream_rows};
   const int32_t* rows = slot_rows[d].data() + first;
   for (int64_t i = 0; i < n; ++i, dst += spec.record_bytes) {
-    copy_row(dst, reinterpret_cast<const std::byte*>(c.x + static_cast<int64_t>(rows[i]) * c.H),
-             row_bytes, stream_rows);
+    std::memcpy(dst, c.x + static_cast<int64_t>(rows[i]) * c.H, row_bytes);
     if (c.weights) std::memcpy(dst + row_bytes, c.weights + rows[i], w_bytes);
   }
 }
@@ -385,10 +373,6 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
     for (int r = 0; r < R; ++r) expected[r] = static_cast<int64_t>(plan.send_list[r].size());
     spec.send_records = plan.recv_count;
   }
-  int64_t crossing = 0;  // bytes of records to other ranks
-  for (int d = 0; d < R; ++d)
-    if (d != b.rank) crossing += spec.send_records[d] * static_cast<int64_t>(spec.record_bytes);
-  op->stream_rows = crossing >= static_cast<int64_t>(kStreamCopyBytes);
   const Signature sig{.kind = 2,
                       .hidden = static_cast<int32_t>(H),
                       .num_topk = K,

@@ -46,16 +46,4 @@ inline void stream_fence() {
 #endif
 }
 
-// stream_fence() at the end of a scope that may have streamed (a pack callback: the transport
-// publishes the records right after it returns).
-struct StreamFence {
-  bool streamed;
-  explicit StreamFence(bool streamed_) : streamed(streamed_) {}
-  StreamFence(const StreamFence&) = delete;
-  StreamFence& operator=(const StreamFence&) = delete;
-  ~StreamFence() {
-    if (streamed) stream_fence();
-  }
-};
-
 }  // namespace dsk::ep::detail

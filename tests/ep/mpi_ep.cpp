@@ -262,11 +262,10 @@ TEST_P(EpTest, WideRowsStreamThroughManyChunksInFlight) {
   }
 }
 
-// Model-sized rows and enough tokens that a combine sends each peer more than kStreamCopyBytes
-// (8 MB, src/ep/copy.hpp): the channels that pack rows into records then write them by
-// non-temporal stores. The sums stay bitwise those of refs.py's order, with and without the
-// weights that travel beside each row.
-TEST_P(EpTest, CombinesOfMoreThanTheStreamingSizeKeepTheUpstreamOrder) {
+// Model-sized rows (14 KB) and 640 tokens: each exchange moves several MB per peer through many
+// ring rounds. The sums stay bitwise those of refs.py's order, with and without the weights that
+// travel beside each row.
+TEST_P(EpTest, CombinesOfModelSizedRowsKeepTheUpstreamOrder) {
   constexpr int64_t kWide = 7168, kTokens = 640;
   BufferConfig cfg = config(false, kWide);
   cfg.num_max_tokens_per_rank = kTokens;

@@ -198,10 +198,10 @@ TEST_P(EpTest, SingleReductionCombineStreamsThroughTheHintedBuffer) {
   expect_single_reduction(c, topk, &w, {}, seed, tmax);
 }
 
-// Model-sized slot rows and enough tokens that each peer gets more than kStreamCopyBytes (8 MB,
-// src/ep/copy.hpp) of them: the channels that pack slot rows into records then write them by
-// non-temporal stores. Without weights a rank's own slot rows are read where they are in x.
-TEST_P(EpTest, SingleReductionCombineOfMoreThanTheStreamingSize) {
+// Model-sized slot rows (14 KB) and 640 tokens: several MB of slot records per peer through many
+// ring rounds, packed in chunks on MPI; without weights a rank's own slot rows are read where they
+// are in x.
+TEST_P(EpTest, SingleReductionCombineOfModelSizedRows) {
   constexpr int64_t kWide = 7168, kTokens = 640;
   BufferConfig cfg = config(false, kWide);
   cfg.num_max_tokens_per_rank = kTokens;
