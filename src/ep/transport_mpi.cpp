@@ -133,10 +133,10 @@ struct Source {
 // whose rows are not consecutive in the sender's tensor packed into one of kRingChunks buffers,
 // reused once the receiver took the chunk it held.
 struct Sink {
-  int64_t chunks = 0;              // messages to this destination
-  int64_t next = 0;                // chunks [0, next) were sent
-  std::byte* ring = nullptr;       // kRingChunks packing buffers, or null if never needed
-  std::vector<MPI_Request> slots;  // the send from each buffer
+  std::vector<const std::byte*> blocks;  // per chunk: its rows where they are, or null (packed)
+  int64_t next = 0;                      // chunks [0, next) were sent
+  std::byte* ring = nullptr;             // kRingChunks packing buffers, or null if never needed
+  std::vector<MPI_Request> slots;        // the send from each buffer
 };
 
 // Stage 0: headers in flight (MPI_Ialltoall); stage 1: records (MPI_Ialltoallv) and rows in
@@ -377,10 +377,14 @@ class MpiExchange final : public Exchange {
     size_t bytes = 0;
     for (int r = 0; r < R_; ++r) {
       if (r == me_) continue;
-      sinks_[r].chunks = chunks_of(send_counts_[r]);
-      for (int64_t c = 0; c < sinks_[r].chunks && !packs[r]; ++c)
-        packs[r] =
-            spec_.contiguous_rows(r, chunk_first(c), chunk_size(send_counts_[r], c)) == nullptr;
+      std::vector<const std::byte*>& blocks = sinks_[r].blocks;
+      blocks.resize(static_cast<size_t>(chunks_of(send_counts_[r])));
+      for (size_t c = 0; c < blocks.size(); ++c) {
+        const auto chunk = static_cast<int64_t>(c);
+        blocks[c] =
+            spec_.contiguous_rows(r, chunk_first(chunk), chunk_size(send_counts_[r], chunk));
+        packs[r] = packs[r] || blocks[c] == nullptr;
+      }
       if (packs[r]) bytes += kRingChunks * slot_bytes();
     }
     if (bytes == 0) return;
@@ -405,11 +409,12 @@ class MpiExchange final : public Exchange {
   bool send_chunks(int r) {
     Sink& sink = sinks_[r];
     bool sent = false;
-    for (; sink.next < sink.chunks; ++sink.next, sent = true) {
+    const auto chunks = static_cast<int64_t>(sink.blocks.size());
+    for (; sink.next < chunks; ++sink.next, sent = true) {
       const int64_t first = chunk_first(sink.next);
       const int64_t n = chunk_size(send_counts_[r], sink.next);
       MPI_Request* request = nullptr;
-      const std::byte* block = spec_.contiguous_rows(r, first, n);
+      const std::byte* block = sink.blocks[static_cast<size_t>(sink.next)];
       if (block != nullptr) {
         request = &requests_.emplace_back();
       } else {
@@ -435,7 +440,7 @@ class MpiExchange final : public Exchange {
   // Whether every ring chunk to r went out and its packing buffers are free again.
   bool sink_done(int r) {
     Sink& sink = sinks_[r];
-    if (sink.next < sink.chunks) return false;
+    if (sink.next < static_cast<int64_t>(sink.blocks.size())) return false;
     for (MPI_Request& request : sink.slots) {
       if (request == MPI_REQUEST_NULL) continue;
       int done = 0;
