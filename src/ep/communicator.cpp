@@ -134,11 +134,16 @@ void drive(Exchange& exchange, double timeout_s, const char* fn, bool until_head
 
 const std::byte* ExchangeSpec::contiguous_rows(int peer, int64_t first, int64_t n) const {
   if (direct_row_bytes == 0 || !direct_src || n <= 0) return nullptr;
+  return consecutive_rows(peer, first, n) == n ? direct_src(peer, first) : nullptr;
+}
+
+int64_t ExchangeSpec::consecutive_rows(int peer, int64_t first, int64_t most) const {
   const std::byte* rows = direct_src(peer, first);
-  for (int64_t i = 1; i < n; ++i)
-    if (direct_src(peer, first + i) != rows + static_cast<size_t>(i) * direct_row_bytes)
-      return nullptr;
-  return rows;
+  int64_t n = 1;
+  while (n < most &&
+         direct_src(peer, first + n) == rows + static_cast<size_t>(n) * direct_row_bytes)
+    ++n;
+  return n;
 }
 
 void allgather(const CommImpl& comm, const void* in, void* out, size_t bytes, double timeout_s,

@@ -208,9 +208,13 @@ struct Receiver {
   Tensor recv_x, recv_sf, recv_idx, recv_w, recv_src_idx, meta;
 
   void on_headers(ExchangeSpec& spec);
-  // rows_landed: the records' rows were written straight into recv_x (direct rows), and src
-  // holds their tails (ExchangeSpec::tail_bytes() apart).
-  void unpack(int s, int64_t first, int64_t n, const std::byte* src, bool rows_landed);
+  // Records [first, first + n) from s. tails: src holds their tails (ExchangeSpec::tail_bytes()
+  // apart) and their rows are at `rows` (row i at rows + i * rec.x_bytes), or, when rows is null,
+  // were written straight into recv_x (direct rows); else src holds whole records.
+  void unpack(int s, int64_t first, int64_t n, const std::byte* src, bool tails,
+              const std::byte* rows = nullptr);
+  // Records from each source unpacked so far (ExchangeSpec::released: nothing is held).
+  std::vector<int64_t> unpacked;
   // Direct rows: where row 0 of sender s's records goes, when recv_x is a shared output.
   std::byte* direct_dest(int s);
   bool shared_x = false;
@@ -269,7 +273,7 @@ void Receiver::on_headers(ExchangeSpec& spec) {
   const int64_t alloc = overflow ? 0 : rows;
   // Without expansion every record's row has one place in recv_x, so the peers can write it
   // there themselves when recv_x lives in the channel's shared outputs.
-  if (spec.direct_row_bytes > 0 && alloc > 0)
+  if (spec.direct_row_bytes > 0 && !in->expand && alloc > 0)
     recv_x = b->channel->shared_output({alloc, in->H}, in->x_dtype);
   shared_x = recv_x.defined();
   if (!shared_x) recv_x = b->pooled({alloc, in->H}, in->x_dtype);
@@ -289,7 +293,9 @@ std::byte* Receiver::direct_dest(int s) {
   return static_cast<std::byte*>(recv_x.data_ptr()) + plan->recv_offset[s] * rec.x_bytes;
 }
 
-void Receiver::unpack(int s, int64_t first, int64_t n, const std::byte* src, bool rows_landed) {
+void Receiver::unpack(int s, int64_t first, int64_t n, const std::byte* src, bool tails,
+                      const std::byte* rows) {
+  unpacked[s] = first + n;
   if (overflow) return;  // drained; finish() raises
   const int K = in->K, El = b->num_local_experts, lo = b->rank * El;
   auto* out_x = static_cast<std::byte*>(recv_x.data_ptr());
@@ -300,12 +306,16 @@ void Receiver::unpack(int s, int64_t first, int64_t n, const std::byte* src, boo
   const bool has_idx = recv_idx.defined();
   int64_t* out_idx64 = has_idx && in->idx_dtype == DType::i64 ? recv_idx.data<int64_t>() : nullptr;
   int32_t* out_idx32 = has_idx && in->idx_dtype != DType::i64 ? recv_idx.data<int32_t>() : nullptr;
-  // With rows_landed src holds tails (the records from rec.sf on): the parts sit rec.sf earlier.
-  const size_t skip = rows_landed ? rec.sf : 0;
+  // Tails are the records from rec.sf on: their parts sit rec.sf earlier.
+  const size_t skip = tails ? rec.sf : 0;
   const size_t stride = rec.bytes - skip;
+  const bool rows_landed = tails && rows == nullptr;
   for (int64_t i = 0; i < n; ++i) {
     const std::byte* r = src + static_cast<size_t>(i) * stride;
     auto part = [&](size_t offset) { return r + (offset - skip); };
+    const std::byte* x_row = !tails        ? r + rec.x
+                             : rows_landed ? nullptr
+                                           : rows + static_cast<size_t>(i) * rec.x_bytes;
     const int64_t row = plan->recv_offset[s] + first + i;
     int32_t token = 0;
     std::memcpy(&token, part(rec.src), 4);
@@ -324,7 +334,7 @@ void Receiver::unpack(int s, int64_t first, int64_t n, const std::byte* src, boo
       if (local[k] >= 0 && m[1] < 0) m[1] = s * K + k;
     }
     if (!in->expand) {
-      if (!rows_landed) std::memcpy(out_x + row * rec.x_bytes, r + rec.x, rec.x_bytes);
+      if (!rows_landed) std::memcpy(out_x + row * rec.x_bytes, x_row, rec.x_bytes);
       if (out_sf) std::memcpy(out_sf + row * rec.sf_bytes, part(rec.sf), rec.sf_bytes);
       for (int k = 0; k < K && rec.ids_bytes; ++k) {
         if (out_idx64) out_idx64[row * K + k] = local[k];
@@ -336,7 +346,7 @@ void Receiver::unpack(int s, int64_t first, int64_t n, const std::byte* src, boo
     for (int k = 0; k < K; ++k) {
       if (local[k] < 0) continue;
       const int64_t erow = cursor[s][local[k]]++;
-      std::memcpy(out_x + erow * rec.x_bytes, r + rec.x, rec.x_bytes);
+      std::memcpy(out_x + erow * rec.x_bytes, x_row, rec.x_bytes);
       if (out_sf) std::memcpy(out_sf + erow * rec.sf_bytes, part(rec.sf), rec.sf_bytes);
       if (out_w) out_w[erow] = w[k];
       m[2 + k] = static_cast<int32_t>(erow);
@@ -511,15 +521,26 @@ DispatchResult run_dispatch(BufferImpl& b, const Tensor& x, const Tensor* x_sf,
   spec.unpack = [self](int s, int64_t first, int64_t n, const std::byte* src) {
     self->recv.unpack(s, first, n, src, false);
   };
-  if (!in.expand) {
-    spec.direct_row_bytes = recv.rec.x_bytes;
+  recv.unpacked.assign(R, 0);
+  spec.direct_row_bytes = recv.rec.x_bytes;
+  spec.direct_src = [self](int d, int64_t i) {
+    return self->in.x + self->plan->send_list[d][i] * self->in.x_row;
+  };
+  spec.pack_direct = [pack](int d, int64_t first, int64_t n, std::byte* dst, std::byte* rows) {
+    pack(d, first, n, dst, rows, false);
+  };
+  if (in.expand) {
+    // A row goes to one output row per local expert it selects, so it has no single place for
+    // the peers to write it: the channels that hand rows over where they arrive (hold_rows)
+    // let the receiver copy them from there to their expert rows, without a record around them.
+    spec.direct_dest = [](int) { return nullptr; };
+    spec.hold_rows = [self](int s, int64_t first, int64_t n, const std::byte* src,
+                            const std::byte* rows) {
+      self->recv.unpack(s, first, n, src, true, rows);
+    };
+    spec.released = [self](int s) { return self->recv.unpacked[s]; };
+  } else {
     spec.direct_dest = [self](int s) { return self->recv.direct_dest(s); };
-    spec.direct_src = [self](int d, int64_t i) {
-      return self->in.x + self->plan->send_list[d][i] * self->in.x_row;
-    };
-    spec.pack_direct = [pack](int d, int64_t first, int64_t n, std::byte* dst, std::byte* rows) {
-      pack(d, first, n, dst, rows, false);
-    };
     spec.unpack_direct = [self](int s, int64_t first, int64_t n, const std::byte* src) {
       self->recv.unpack(s, first, n, src, true);
     };

@@ -128,6 +128,9 @@ struct ExchangeSpec {
   // Where records [first, first + n) to `peer` have their rows at direct_src, one after the other
   // (then rows can be read or sent as one block): the first row, else null.
   const std::byte* contiguous_rows(int peer, int64_t first, int64_t n) const;
+  // How many of records [first, first + most) to `peer` have their rows one after the other at
+  // direct_src, from the first on (at least 1).
+  int64_t consecutive_rows(int peer, int64_t first, int64_t most) const;
   // Bytes of a record without its row (direct rows).
   size_t tail_bytes() const { return record_bytes - direct_row_bytes; }
 };

@@ -6,19 +6,19 @@
 //
 // Direct rows (ExchangeSpec::direct_*) do not pass through a packed copy: the records travel
 // as their dense tails (ExchangeSpec::tail_bytes), and the rows travel point to point, each
-// message a block of rows that are consecutive in the sender's tensor, received contiguously:
-//   - operations that read rows in place (hold_rows: combine): messages of a fixed number of
-//     rows (chunk_bytes), which both ends cut from the row counts alone, received into a ring of
-//     kRingChunks chunk buffers per source, each handed to the operation as soon as it and the
-//     records arrived and posted again for a later chunk once the operation released its rows,
-//     so the combine reduces rows while they sit in the caches (rows that are not consecutive at
-//     the sender are gathered by a datatype);
+// message a block of rows that are contiguous at both ends:
+//   - operations that read rows in place (hold_rows: combine, expand-mode dispatch): messages of
+//     a fixed number of rows (chunk_bytes), which both ends cut from the row counts alone,
+//     received into a ring of kRingChunks chunk buffers per source, each handed to the operation
+//     as soon as it and the records arrived and posted again for a later chunk once the
+//     operation released its rows, so the operation reads rows while they sit in the caches
+//     (a chunk whose rows are not consecutive at the sender is packed into a send ring first);
 //   - the others (dispatch): the sender cuts its rows where they stop being consecutive and at
 //     kMessageChunks chunks, and the receiver probes each message for its size and receives it
 //     at the next rows of its output (direct_dest), or, without an output (rare), at the head of
 //     each record of a buffer of whole records, whose tails are copied in once everything arrived.
 // A rank's rows to itself are copied once (dispatch, non-temporal stores where large) or read
-// where they are (hold_rows).
+// where they are (hold_rows, in runs of consecutive rows).
 //
 // NOTES: Open MPI's shared-memory transport copies a message whose two ends are contiguous once
 // (CMA: the receiver reads the sender's memory), and any other message twice, through its
@@ -31,6 +31,7 @@
 #include <cstring>
 
 #include <dsk/core/error.hpp>
+#include <dsk/core/tensor.hpp>
 
 #include "ep/copy.hpp"
 #include "ep/internal.hpp"
@@ -55,14 +56,34 @@ constexpr size_t kMessageChunks = 4;
 // rank keeps moving its messages while it copies.
 constexpr size_t kSelfSliceBytes = size_t{1} << 20;
 
+// Bytes an exchange works in, grown as needed (the contents are not kept when it grows), in
+// Tensor memory: 64-byte aligned, and 2 MiB aligned and advised as huge pages when large.
+// NOTES: Open MPI's single copy (CMA) pins every page of a message at both ends, and the rings
+// send and receive every row of a combine; in 4 KB pages (std::vector) the single-reduction
+// combine (T=4096, 2 ranks, AMD Zen 5 VM, driver alternated) took 63-85 ms against 53-57 ms with
+// every heap allocation in huge pages (glibc.malloc.hugetlb=1). Measured in docs/ep.md.
+class ScratchBytes {
+ public:
+  std::byte* reserve(size_t bytes) {
+    if (!memory_.defined() || memory_.nbytes() < bytes)
+      memory_ = Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8);
+    return data();
+  }
+  std::byte* data() const { return static_cast<std::byte*>(memory_.data_ptr()); }
+  // An abandoned exchange may still be written by MPI: the memory is never freed.
+  void leak() { new Tensor(std::move(memory_)); }
+
+ private:
+  Tensor memory_;
+};
+
 // Memory an exchange works in, kept by the channel between exchanges (fresh pages cost a fault
 // each, and held records and rows stay readable until the next exchange starts).
 struct Scratch {
-  std::vector<std::byte> send, recv;  // packed records (whole, or tails with direct rows)
-  std::vector<std::byte> rows;        // the combine rings
-  std::vector<std::byte> whole;       // whole records rebuilt from rows and tails
-  std::vector<std::byte> own_rows;    // this rank's rows to itself, when not consecutive
-  std::vector<std::byte> gathered;    // the send rings of chunks whose rows are not consecutive
+  ScratchBytes send, recv;  // packed records (whole, or tails with direct rows)
+  ScratchBytes rows;        // the combine rings
+  ScratchBytes whole;       // whole records rebuilt from rows and tails
+  ScratchBytes gathered;    // the send rings of chunks whose rows are not consecutive
 };
 
 class MpiChannel final : public Channel {
@@ -155,7 +176,6 @@ class MpiExchange final : public Exchange {
         recv_buf_(scratch.recv),
         rows_buf_(scratch.rows),
         whole_buf_(scratch.whole),
-        own_rows_(scratch.own_rows),
         gathered_buf_(scratch.gathered) {
     check_mpi(MPI_Ialltoall(spec.send_headers.data(), static_cast<int>(spec.header_bytes), MPI_BYTE,
                             spec.recv_headers.data(), static_cast<int>(spec.header_bytes), MPI_BYTE,
@@ -177,12 +197,8 @@ class MpiExchange final : public Exchange {
         if (*t != MPI_DATATYPE_NULL) MPI_Type_free(t);
       for (MPI_Datatype& t : types_) MPI_Type_free(&t);
     } else {
-      new std::vector<std::byte>(std::move(send_buf_));
-      new std::vector<std::byte>(std::move(recv_buf_));
-      new std::vector<std::byte>(std::move(rows_buf_));
-      new std::vector<std::byte>(std::move(whole_buf_));
-      new std::vector<std::byte>(std::move(own_rows_));
-      new std::vector<std::byte>(std::move(gathered_buf_));
+      for (ScratchBytes* b : {&send_buf_, &recv_buf_, &rows_buf_, &whole_buf_, &gathered_buf_})
+        b->leak();
       new std::vector<int>(std::move(recv_counts_));
       new std::vector<int>(std::move(mpi_send_counts_));
       new std::vector<int>(std::move(mpi_recv_counts_));
@@ -276,8 +292,8 @@ class MpiExchange final : public Exchange {
     }
     const size_t rb = stride();
     // At least a byte each, so that data() is never null for MPI.
-    send_buf_.resize(std::max(send_buf_.size(), static_cast<size_t>(send_total) * rb + 1));
-    recv_buf_.resize(std::max(recv_buf_.size(), static_cast<size_t>(recv_total) * rb + 1));
+    send_buf_.reserve(static_cast<size_t>(send_total) * rb + 1);
+    recv_buf_.reserve(static_cast<size_t>(recv_total) * rb + 1);
     for (int r = 0; r < R_; ++r) {
       if (send_counts_[r] == 0 || (r == me_ && own_records())) continue;
       std::byte* dst = send_buf_.data() + static_cast<size_t>(send_displs_[r]) * rb;
@@ -322,20 +338,18 @@ class MpiExchange final : public Exchange {
       s.chunks = chunks_of(recv_counts_[r]);
       if (s.to == RowsTo::ring) ring_bytes += kRingChunks * chunk_bytes;
     }
-    if (ring_bytes > 0) rows_buf_.resize(std::max(rows_buf_.size(), ring_bytes + kAlign));
+    if (ring_bytes > 0) rows_buf_.reserve(ring_bytes);
     bool whole = false;
     for (const Source& s : sources_) whole = whole || s.to == RowsTo::records;
     if (whole) {
       int64_t recv_total = 0;
       for (int r = 0; r < R_; ++r) recv_total += recv_counts_[r];
-      whole_buf_.resize(
-          std::max(whole_buf_.size(), static_cast<size_t>(recv_total) * spec_.record_bytes));
+      whole_buf_.reserve(static_cast<size_t>(recv_total) * spec_.record_bytes);
     }
     // NOTES: the kernel's copy behind CMA ran 2.5x slower into a destination 16 bytes off a
     // 64-byte line than into an aligned one (58 MB: 46 against 18 ms, source aligned), so every
-    // ring slot starts on a line.
-    size_t ring_at = align_up(reinterpret_cast<uintptr_t>(rows_buf_.data()), kAlign) -
-                     reinterpret_cast<uintptr_t>(rows_buf_.data());
+    // ring slot starts on a line (the scratch does, and slot_bytes() is whole lines).
+    size_t ring_at = 0;
     for (int r = 0; r < R_; ++r) {
       Source& s = sources_[r];
       if (r == me_ || recv_counts_[r] == 0) continue;
@@ -388,10 +402,7 @@ class MpiExchange final : public Exchange {
       if (packs[r]) bytes += kRingChunks * slot_bytes();
     }
     if (bytes == 0) return;
-    gathered_buf_.resize(std::max(gathered_buf_.size(), bytes + kAlign));
-    std::byte* at = gathered_buf_.data() +
-                    (align_up(reinterpret_cast<uintptr_t>(gathered_buf_.data()), kAlign) -
-                     reinterpret_cast<uintptr_t>(gathered_buf_.data()));
+    std::byte* at = gathered_buf_.reserve(bytes);
     for (int r = 0; r < R_; ++r) {
       if (!packs[r]) continue;
       sinks_[r].ring = at;
@@ -455,13 +466,9 @@ class MpiExchange final : public Exchange {
   void send_runs(int r) {
     const int64_t most = chunk_rows() * static_cast<int64_t>(kMessageChunks);
     for (int64_t first = 0; first < send_counts_[r];) {
-      const std::byte* block = spec_.direct_src(r, first);
-      int64_t n = 1;
-      while (first + n < send_counts_[r] && n < most &&
-             spec_.direct_src(r, first + n) == block + static_cast<size_t>(n) * row_bytes())
-        ++n;
-      check_mpi(MPI_Isend(block, static_cast<int>(n), row_type_, r, kRowsTag, comm_,
-                          &requests_.emplace_back()),
+      const int64_t n = spec_.consecutive_rows(r, first, std::min(most, send_counts_[r] - first));
+      check_mpi(MPI_Isend(spec_.direct_src(r, first), static_cast<int>(n), row_type_, r, kRowsTag,
+                          comm_, &requests_.emplace_back()),
                 fn_, "MPI_Isend");
       first += n;
     }
@@ -560,9 +567,12 @@ class MpiExchange final : public Exchange {
         s.handed = 1;
         moved_ = true;
       } else if (records && s.handed == 0 && recv_counts_[r] > 0) {
-        const std::byte* rows = spec_.contiguous_rows(r, 0, recv_counts_[r]);
-        if (rows == nullptr) rows = gather_own_rows();  // not consecutive: one copy
-        spec_.hold_rows(r, 0, recv_counts_[r], records_of(r), rows);
+        // In runs of rows consecutive in this rank's tensor, none copied.
+        for (int64_t first = 0, n = 0; first < recv_counts_[r]; first += n) {
+          n = spec_.consecutive_rows(r, first, recv_counts_[r] - first);
+          spec_.hold_rows(r, first, n, records_of(r) + static_cast<size_t>(first) * stride(),
+                          spec_.direct_src(r, first));
+        }
         s.handed = 1;
         moved_ = true;
       }
@@ -610,15 +620,6 @@ class MpiExchange final : public Exchange {
     if (stream && end == self_rows_) stream_fence();
     self_copied_ = end;
     moved_ = true;
-  }
-
-  // This rank's rows to itself, copied one after the other into own_rows_.
-  const std::byte* gather_own_rows() {
-    own_rows_.resize(static_cast<size_t>(recv_counts_[me_]) * row_bytes());
-    for (int64_t i = 0; i < recv_counts_[me_]; ++i)
-      std::memcpy(own_rows_.data() + static_cast<size_t>(i) * row_bytes(), spec_.direct_src(me_, i),
-                  row_bytes());
-    return own_rows_.data();
   }
 
   // RowsTo::records: completes source r's whole records with their tails (and, for this rank,
@@ -681,12 +682,11 @@ class MpiExchange final : public Exchange {
   bool moved_ = false;
   std::vector<int> send_counts_, send_displs_, recv_counts_, recv_displs_;
   std::vector<int> mpi_send_counts_, mpi_recv_counts_;  // the counts without this rank's own
-  std::vector<std::byte>& send_buf_;
-  std::vector<std::byte>& recv_buf_;
-  std::vector<std::byte>& rows_buf_;
-  std::vector<std::byte>& whole_buf_;
-  std::vector<std::byte>& own_rows_;
-  std::vector<std::byte>& gathered_buf_;
+  ScratchBytes& send_buf_;
+  ScratchBytes& recv_buf_;
+  ScratchBytes& rows_buf_;
+  ScratchBytes& whole_buf_;
+  ScratchBytes& gathered_buf_;
 };
 
 std::unique_ptr<Exchange> MpiChannel::start(ExchangeSpec& spec, const char* fn) {

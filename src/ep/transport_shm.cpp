@@ -297,7 +297,7 @@ class ShmExchange final : public Exchange {
     if (headers_left_ == 0) {
       for (int s = 0; s < R_; ++s) {
         if (s == ch_.rank_ ? to_self() : receive(s)) moved = true;
-        if (spec_.hold && release(s)) moved = true;
+        if ((spec_.hold || spec_.hold_rows) && release(s)) moved = true;
         done = done && got_[s] == recv_total_[s] && held_[s].empty();
       }
     }
