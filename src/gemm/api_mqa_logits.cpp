@@ -172,7 +172,11 @@ Tensor fp8_fp4_mqa_logits(const Fp8Tensor& q, const Fp8Tensor& kv, const Tensor&
 
   const detail::MqaKernels& k = mqa_kernels();
   const int64_t panels = std::max<int64_t>(1, (sh.skv + kMqaPanel - 1) / kMqaPanel);
-  std::vector<bf16> kv_panels(static_cast<size_t>(panels * kMqaPanel * sh.d));
+  // Every element is written by pack_kv (the last panel zero-padded), so the panels need no
+  // zeroing; a Tensor also reuses the cached blocks of earlier calls instead of faulting fresh
+  // pages in (a std::vector zeroed the whole KV copy on every call).
+  Tensor kv_panels_memory = Tensor::empty({panels * kMqaPanel, sh.d}, DType::bf16);
+  bf16* kv_panels = kv_panels_memory.data<bf16>();
   // FP8: kv_sf scales the scores in the epilogue. FP4: the scales are folded into the panels.
   std::vector<float> kv_sf(static_cast<size_t>(panels * kMqaPanel), 0.0f);
   if (sh.fp4)
@@ -182,12 +186,12 @@ Tensor fp8_fp4_mqa_logits(const Fp8Tensor& q, const Fp8Tensor& kv, const Tensor&
   parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
     std::vector<bf16> rows(static_cast<size_t>(kMqaPanel * sh.d));
     k.pack_kv(static_cast<const uint8_t*>(kv.data.data_ptr()), kv.data.stride(0), sh.fp4,
-              sh.fp4 ? kv.sf.data<int32_t>() : nullptr, sh.skv, sh.d, p0, p1, kv_panels.data(),
+              sh.fp4 ? kv.sf.data<int32_t>() : nullptr, sh.skv, sh.d, p0, p1, kv_panels,
               rows.data());
   });
 
   MqaArgs a;
-  a.kv_panels = kv_panels.data();
+  a.kv_panels = kv_panels;
   a.kv_sf = kv_sf.data();
   a.skv = sh.skv;
   a.d = sh.d;
