@@ -11,6 +11,7 @@
 #include <dsk/core/error.hpp>
 #include <dsk/gemm.hpp>
 
+#include "ep/copy.hpp"
 #include "ep/internal.hpp"
 #include "ep/routing.hpp"
 
@@ -215,6 +216,9 @@ struct Receiver {
               const std::byte* rows = nullptr);
   // Records from each source unpacked so far (ExchangeSpec::released: nothing is held).
   std::vector<int64_t> unpacked;
+  // Expand mode: whether rows are written to recv_x around the caches (a large output that
+  // nothing reads before the dispatch returns).
+  bool stream_x = false;
   // Direct rows: where row 0 of sender s's records goes, when recv_x is a shared output.
   std::byte* direct_dest(int s);
   bool shared_x = false;
@@ -286,6 +290,7 @@ void Receiver::on_headers(ExchangeSpec& spec) {
   recv_src_idx = Tensor::empty({num_recv}, DType::i32);
   meta = Tensor::empty({num_recv, 2 + K}, DType::i32);
   if (in->expand) plan->expanded_rows.assign(static_cast<size_t>(num_recv * K), -1);
+  stream_x = in->expand && static_cast<size_t>(alloc) * rec.x_bytes >= kStreamCopyBytes;
 }
 
 std::byte* Receiver::direct_dest(int s) {
@@ -346,13 +351,16 @@ void Receiver::unpack(int s, int64_t first, int64_t n, const std::byte* src, boo
     for (int k = 0; k < K; ++k) {
       if (local[k] < 0) continue;
       const int64_t erow = cursor[s][local[k]]++;
-      std::memcpy(out_x + erow * rec.x_bytes, x_row, rec.x_bytes);
+      copy_row(out_x + erow * rec.x_bytes, x_row, rec.x_bytes, stream_x);
       if (out_sf) std::memcpy(out_sf + erow * rec.sf_bytes, part(rec.sf), rec.sf_bytes);
       if (out_w) out_w[erow] = w[k];
       m[2 + k] = static_cast<int32_t>(erow);
       plan->expanded_rows[row * K + k] = static_cast<int32_t>(erow);
     }
   }
+  // The thread that streamed orders its rows before anything it does next (this call may run on
+  // the caller's thread or the communication thread).
+  if (stream_x) stream_fence();
 }
 
 // Zeroes the rows no record wrote: the num_worst_tokens tail, and expand-mode gaps.

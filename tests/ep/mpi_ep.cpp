@@ -319,52 +319,73 @@ TEST_P(EpTest, DispatchResultsOutliveEachOtherAndTheBuffer) {
   }
 }
 
+// An expand-mode dispatch of (x, topk, w) against the normal dispatch of the same tokens: each
+// (row, local slot) of the normal layout appears in its expert's block in the same order, with
+// the same data and weight; blocks start at multiples of the alignment; gaps are zero rows with
+// zero weight.
+void expect_expand_matches_normal(Buffer& buffer, const Tensor& x, const Tensor& topk,
+                                  const Tensor& w, std::optional<int> alignment, int El) {
+  const int64_t H = x.size(1);
+  const int A = alignment.value_or(gemm::get_mk_alignment_for_contiguous_layout());
+  const DispatchResult normal = buffer.dispatch(x, {.topk_idx = topk, .topk_weights = w});
+  const DispatchResult ex = buffer.dispatch(
+      x, {.topk_idx = topk, .topk_weights = w, .expert_alignment = alignment, .do_expand = true});
+  EXPECT_EQ(ex.handle.expert_alignment, A);
+  EXPECT_FALSE(ex.recv_topk_idx.has_value());
+  ASSERT_TRUE(ex.recv_topk_weights && ex.recv_topk_weights->dim() == 1);
+  const int32_t* psum = ex.handle.psum_num_recv_tokens_per_expert.data<int32_t>();
+  std::vector<int64_t> next(El);
+  for (int e = 0; e < El; ++e) {
+    const int64_t start = e == 0 ? 0 : (psum[e - 1] + A - 1) / A * A;
+    EXPECT_EQ(start % A, 0);
+    next[e] = start;
+    EXPECT_EQ(ex.num_recv_tokens_per_expert_list[e], (psum[e] - start + A - 1) / A * A);
+  }
+  for (int64_t row = 0; row < normal.recv_x.size(0); ++row) {
+    for (int k = 0; k < kTopk; ++k) {
+      const int64_t e = normal.recv_topk_idx->at<int64_t>({row, k});
+      if (e < 0) continue;
+      const int64_t erow = next[e]++;
+      ASSERT_EQ(ex.handle.recv_src_metadata.at<int32_t>({row, 2 + k}), erow);
+      ASSERT_EQ(std::memcmp(&ex.recv_x.at<bf16>({erow, 0}), &normal.recv_x.at<bf16>({row, 0}),
+                            static_cast<size_t>(H) * 2),
+                0)
+          << "row " << row << ", slot " << k;
+      ASSERT_EQ(ex.recv_topk_weights->at<float>({erow}),
+                normal.recv_topk_weights->at<float>({row, k}));
+    }
+  }
+  for (int e = 0; e < El; ++e) EXPECT_EQ(next[e], psum[e]);
+  for (int e = 0; e < El; ++e) {
+    const int64_t end = e + 1 < El ? (psum[e] + A - 1) / A * A : ex.recv_x.size(0);
+    for (int64_t row = psum[e]; row < end; ++row) {
+      for (int64_t h = 0; h < H; ++h) ASSERT_EQ(ex.recv_x.at<bf16>({row, h}).bits, 0);
+      ASSERT_EQ(ex.recv_topk_weights->at<float>({row}), 0.0f);
+    }
+  }
+  EXPECT_EQ(ex.recv_x.size(0) % A, 0);
+}
+
 TEST_P(EpTest, ExpandModeBlocksAreAlignedAndZeroPadded) {
   auto buffer = make_buffer();
   const auto [T, x, topk, w] = make_tokens();
-  const int El = E() / R();
   for (const std::optional<int> alignment : {std::optional<int>(), std::optional<int>(8)}) {
-    const int A = alignment.value_or(gemm::get_mk_alignment_for_contiguous_layout());
-    const DispatchResult normal = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
-    const DispatchResult ex = buffer->dispatch(
-        x, {.topk_idx = topk, .topk_weights = w, .expert_alignment = alignment, .do_expand = true});
-    EXPECT_EQ(ex.handle.expert_alignment, A);
-    EXPECT_FALSE(ex.recv_topk_idx.has_value());
-    ASSERT_TRUE(ex.recv_topk_weights && ex.recv_topk_weights->dim() == 1);
-    const int32_t* psum = ex.handle.psum_num_recv_tokens_per_expert.data<int32_t>();
-    // Walk the normal layout in order: each (row, local slot) must appear in its expert's block
-    // in the same order, with the same data and weight.
-    std::vector<int64_t> next(El);
-    for (int e = 0; e < El; ++e) {
-      const int64_t start = e == 0 ? 0 : (psum[e - 1] + A - 1) / A * A;
-      EXPECT_EQ(start % A, 0);
-      next[e] = start;
-      EXPECT_EQ(ex.num_recv_tokens_per_expert_list[e], (psum[e] - start + A - 1) / A * A);
-    }
-    for (int64_t row = 0; row < normal.recv_x.size(0); ++row) {
-      for (int k = 0; k < kTopk; ++k) {
-        const int64_t e = normal.recv_topk_idx->at<int64_t>({row, k});
-        if (e < 0) continue;
-        const int64_t erow = next[e]++;
-        ASSERT_EQ(ex.handle.recv_src_metadata.at<int32_t>({row, 2 + k}), erow);
-        ASSERT_EQ(std::memcmp(&ex.recv_x.at<bf16>({erow, 0}), &normal.recv_x.at<bf16>({row, 0}),
-                              kHidden * 2),
-                  0);
-        ASSERT_EQ(ex.recv_topk_weights->at<float>({erow}),
-                  normal.recv_topk_weights->at<float>({row, k}));
-      }
-    }
-    for (int e = 0; e < El; ++e) EXPECT_EQ(next[e], psum[e]);
-    // Gaps are zero rows with zero weight.
-    for (int e = 0; e < El; ++e) {
-      const int64_t end = e + 1 < El ? (psum[e] + A - 1) / A * A : ex.recv_x.size(0);
-      for (int64_t row = psum[e]; row < end; ++row) {
-        for (int64_t h = 0; h < kHidden; ++h) ASSERT_EQ(ex.recv_x.at<bf16>({row, h}).bits, 0);
-        ASSERT_EQ(ex.recv_topk_weights->at<float>({row}), 0.0f);
-      }
-    }
-    EXPECT_EQ(ex.recv_x.size(0) % A, 0);
+    expect_expand_matches_normal(*buffer, x, topk, w, alignment, E() / R());
+    if (HasFatalFailure()) return;
   }
+}
+
+// Rows of the model's width and an output of tens of megabytes, written around the caches.
+TEST_P(EpTest, ExpandDispatchOfModelSizedRows) {
+  constexpr int64_t kWide = 7168, kTokens = 640;
+  BufferConfig cfg = config(false, kWide);
+  cfg.num_max_tokens_per_rank = kTokens;
+  Buffer buffer(comm(), cfg);
+  const int64_t T = kTokens - 17 * me();
+  const Tensor x = random_bf16(T, kWide, rng);
+  const Tensor topk = random_topk(T, kTopk, E(), rng, 0.1);
+  const Tensor w = random_weights(T, kTopk, rng);
+  expect_expand_matches_normal(buffer, x, topk, w, std::nullopt, E() / R());
 }
 
 // Expand-mode combine: rank r answers slot k of token gid with combine_value(gid, k); the owner
