@@ -266,23 +266,17 @@ TEST_P(EpTest, WideRowsStreamThroughManyChunksInFlight) {
 // ring rounds. The sums stay bitwise those of refs.py's order, with and without the weights that
 // travel beside each row.
 TEST_P(EpTest, CombinesOfModelSizedRowsKeepTheUpstreamOrder) {
-  constexpr int64_t kWide = 7168, kTokens = 640;
-  BufferConfig cfg = config(false, kWide);
-  cfg.num_max_tokens_per_rank = kTokens;
-  Buffer buffer(comm(), cfg);
-  const int64_t T = kTokens - 17 * me();
-  const Tensor x = random_bf16(T, kWide, rng);
-  const Tensor topk = random_topk(T, kTopk, E(), rng, 0.1);
-  const Tensor w = random_weights(T, kTopk, rng);
+  Buffer buffer(comm(), model_sized_config());
+  const auto [T, x, topk, w] = make_model_sized_tokens();
   const DispatchResult d = buffer.dispatch(x, {.topk_idx = topk, .topk_weights = w});
-  const Tensor y = answer_rows(d, kWide, me());
+  const Tensor y = answer_rows(d, kModelHidden, me());
   for (const bool weights : {false, true}) {
     CombineArgs args;
     if (weights) args.topk_weights = *d.recv_topk_weights;
     const CombineResult c = buffer.combine(y, d.handle, args);
     for (int64_t t = 0; t < T; ++t) {
-      for (int64_t h = 0; h < kWide; ++h) {
-        const float acc = upstream_order_sum(topk, t, El(), me() * kTokens + t, h, 0.0f);
+      for (int64_t h = 0; h < kModelHidden; ++h) {
+        const float acc = upstream_order_sum(topk, t, El(), me() * kModelTokens + t, h, 0.0f);
         ASSERT_EQ(c.combined_x.at<bf16>({t, h}).bits, f32_to_bf16(acc).bits)
             << "weights " << weights << " token " << t << " channel " << h;
       }
@@ -377,15 +371,9 @@ TEST_P(EpTest, ExpandModeBlocksAreAlignedAndZeroPadded) {
 
 // Rows of the model's width and an output of tens of megabytes, written around the caches.
 TEST_P(EpTest, ExpandDispatchOfModelSizedRows) {
-  constexpr int64_t kWide = 7168, kTokens = 640;
-  BufferConfig cfg = config(false, kWide);
-  cfg.num_max_tokens_per_rank = kTokens;
-  Buffer buffer(comm(), cfg);
-  const int64_t T = kTokens - 17 * me();
-  const Tensor x = random_bf16(T, kWide, rng);
-  const Tensor topk = random_topk(T, kTopk, E(), rng, 0.1);
-  const Tensor w = random_weights(T, kTopk, rng);
-  expect_expand_matches_normal(buffer, x, topk, w, std::nullopt, E() / R());
+  Buffer buffer(comm(), model_sized_config());
+  const Tokens tk = make_model_sized_tokens();
+  expect_expand_matches_normal(buffer, tk.x, tk.topk, tk.weights, std::nullopt, E() / R());
 }
 
 // Expand-mode combine: rank r answers slot k of token gid with combine_value(gid, k); the owner

@@ -290,6 +290,23 @@ class EpTest : public ::testing::TestWithParam<Param> {
     return tk;
   }
 
+  // Rows of the model's width for up to kModelTokens tokens (17 fewer per later rank): exchanges
+  // of several MB per peer, through many ring rounds, and outputs of tens of MB.
+  static constexpr int64_t kModelHidden = 7168, kModelTokens = 640;
+  BufferConfig model_sized_config() const {
+    BufferConfig c = config(false, kModelHidden);
+    c.num_max_tokens_per_rank = kModelTokens;
+    return c;
+  }
+  Tokens make_model_sized_tokens() {
+    Tokens tk;
+    tk.T = kModelTokens - 17 * me();
+    tk.x = random_bf16(tk.T, kModelHidden, rng);
+    tk.topk = random_topk(tk.T, kTopk, E(), rng, 0.1);
+    tk.weights = random_weights(tk.T, kTopk, rng);
+    return tk;
+  }
+
   std::mt19937_64 rng = rank_rng();
 };
 

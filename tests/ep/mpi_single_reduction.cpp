@@ -202,25 +202,19 @@ TEST_P(EpTest, SingleReductionCombineStreamsThroughTheHintedBuffer) {
 // ring rounds, packed in chunks on MPI; without weights a rank's own slot rows are read where they
 // are in x.
 TEST_P(EpTest, SingleReductionCombineOfModelSizedRows) {
-  constexpr int64_t kWide = 7168, kTokens = 640;
-  BufferConfig cfg = config(false, kWide);
-  cfg.num_max_tokens_per_rank = kTokens;
-  auto buffer = single_reduction_buffer(comm(), cfg);
+  auto buffer = single_reduction_buffer(comm(), model_sized_config());
   const uint64_t seed = shared_seed();
-  const int64_t T = kTokens - 17 * me();
-  const Tensor x = random_bf16(T, kWide, rng);
-  const Tensor topk = random_topk(T, kTopk, E(), rng, 0.1);
-  const Tensor w = random_weights(T, kTopk, rng);
+  const auto [T, x, topk, w] = make_model_sized_tokens();
   const DispatchResult d =
       buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w, .do_expand = true});
   const Tensor y = expert_outputs(d, seed, me(), El());
-  const std::vector<Tensor> bias{random_bf16(T, kWide, rng)};
+  const std::vector<Tensor> bias{random_bf16(T, kModelHidden, rng)};
   expect_single_reduction(buffer->combine(y, d.handle, {.bias = bias}), topk, nullptr, bias, seed,
-                          kTokens);
+                          kModelTokens);
   if (HasFatalFailure()) return;
   expect_single_reduction(
       buffer->combine(y, d.handle, {.topk_weights = *d.recv_topk_weights, .bias = bias}), topk, &w,
-      bias, seed, kTokens);
+      bias, seed, kModelTokens);
 }
 
 // Non-expand rows were already reduced over the local experts: the flag changes nothing.
