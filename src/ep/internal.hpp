@@ -98,11 +98,13 @@ struct ExchangeSpec {
   // that holds records hands these over one by one (hold(me, i, 1, own_record(i))) instead of
   // packing them; records to itself are then neither packed nor unpacked.
   std::function<const std::byte*(int64_t i)> own_record;
-  // Optional, with hold and direct rows: as hold, but the records travelled as tails (see
+  // Optional, with direct rows (and released): as hold, but the records travelled as tails (see
   // below) at src and their rows apart: row i is at rows + i * direct_row_bytes, readable as long
   // as the records are. Channels call it where a row need not be copied to be read in place: a
   // rank's rows to itself (read where direct_src says they are) and rows a channel received
-  // apart from their records.
+  // apart from their records. With hold as well, the operation reads the records in an order of
+  // its own (combine); without it (expand-mode dispatch), records not handed over this way
+  // arrive through unpack, and the operation releases what it was handed as it reads it.
   std::function<void(int peer, int64_t first, int64_t n, const std::byte* src,
                      const std::byte* rows)>
       hold_rows;
