@@ -570,8 +570,9 @@ DispatchResult run_dispatch(BufferImpl& b, const Tensor& x, const Tensor* x_sf,
   std::copy(recv.prefix.begin(), recv.prefix.end(), h.rank_prefix_matrix.data<int32_t>());
   h.recv_src_idx = recv.recv_src_idx;
   h.is_token_in_rank = Tensor::zeros({in.T, R}, DType::boolean);
+  bool* in_rank = h.is_token_in_rank.data<bool>();
   for (int r = 0; r < R; ++r)
-    for (int32_t t : plan->send_list[r]) h.is_token_in_rank.data<bool>()[t * R + r] = true;
+    for (int32_t t : plan->send_list[r]) in_rank[t * R + r] = true;
   if (in.cached) {
     h.topk_idx = a.handle->topk_idx;
   } else if (a.topk_idx) {
