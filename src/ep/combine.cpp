@@ -422,7 +422,6 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
     // A partial record is a row of x and its weights: the rows for rank d are x's rows
     // [recv_offset[d], + recv_count[d]), which MPI channels send from x itself.
     spec.direct_row_bytes = op->row_bytes;
-    spec.direct_dest = [](int) { return nullptr; };  // rows are summed, so they land in records
     spec.direct_src = [self](int d, int64_t i) {
       return reinterpret_cast<const std::byte*>(self->c.x +
                                                 (self->plan->recv_offset[d] + i) * self->c.H);
@@ -439,7 +438,6 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
     // A slot record is an expert output row of x, unchanged: MPI channels send the rows from x
     // (packing only chunks whose rows are not consecutive there) and the weights as tails.
     spec.direct_row_bytes = op->row_bytes;
-    spec.direct_dest = [](int) { return nullptr; };
     spec.direct_src = [self](int d, int64_t i) {
       return reinterpret_cast<const std::byte*>(self->c.x + self->slot_rows[d][i] * self->c.H);
     };

@@ -541,7 +541,6 @@ DispatchResult run_dispatch(BufferImpl& b, const Tensor& x, const Tensor* x_sf,
     // A row goes to one output row per local expert it selects, so it has no single place for
     // the peers to write it: the channels that hand rows over where they arrive (hold_rows)
     // let the receiver copy them from there to their expert rows, without a record around them.
-    spec.direct_dest = [](int) { return nullptr; };
     spec.hold_rows = [self](int s, int64_t first, int64_t n, const std::byte* src,
                             const std::byte* rows) {
       self->recv.unpack(s, first, n, src, true, rows);

@@ -115,7 +115,8 @@ struct ExchangeSpec {
   // i * tail_bytes()), so the bytes that cross with the records are only those of the tails.
   // - direct_dest (receiver, after on_headers): where row 0 of `peer`'s records goes (rows
   //   contiguous), or null for "in the records". The shared-memory channel uses it only inside
-  //   Channel::shared_output memory.
+  //   Channel::shared_output memory. Unset when rows never land in an output (combines, expand
+  //   dispatch): senders then need no reply from the receiver before they send.
   // - direct_src (sender): the row of record i to `peer` (MPI channels gather rows from there).
   // - pack_direct writes the tails of records [first, first + n) to dst, and their rows to
   //   `rows` (row i at rows + i * direct_row_bytes) unless rows is null (the channel moves them).

@@ -280,7 +280,8 @@ class ShmExchange final : public Exchange {
     ring_free_.assign(R_, false);
     held_.resize(R_);
     rows_to_.assign(R_, nullptr);
-    reply_read_.assign(R_, spec.direct_row_bytes == 0);
+    // A reply only says where rows land; without direct_dest they never do.
+    reply_read_.assign(R_, spec.direct_row_bytes == 0 || !spec.direct_dest);
     rows_from_.assign(R_, false);
   }
 
@@ -340,7 +341,7 @@ class ShmExchange final : public Exchange {
     if (headers_left_ == 0) {
       spec_.on_headers();
       for (int s = 0; s < R_; ++s) recv_total_[s] = chunks_of(spec_.recv_records[s]);
-      if (spec_.direct_row_bytes > 0) reply_with_destinations();
+      if (spec_.direct_row_bytes > 0 && spec_.direct_dest) reply_with_destinations();
     }
     return moved;
   }
