@@ -5,6 +5,7 @@
 // x K][int32 source token], each part present only when the operation carries it, padded to 16.
 // Without expansion the row may travel apart (direct rows), the rest as a dense tail.
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include <dsk/core/check.hpp>
@@ -333,18 +334,27 @@ void Receiver::unpack(int s, int64_t first, int64_t n, const std::byte* src, boo
     float w[kMaxTopk];
     if (rec.ids_bytes) std::memcpy(ids, part(rec.ids), rec.ids_bytes);
     if (rec.weights_bytes) std::memcpy(w, part(rec.weights), rec.weights_bytes);
+    // Local ids, the first local slot and (below) the weights without branches on the ids: they
+    // are random, and the mispredicted branches made the unpack of a dispatch's 8K records
+    // (T = 4096, top-8, 2 ranks) cost 0.4-0.5 ms instead of 0.15-0.25.
     int local[kMaxTopk];
-    for (int k = 0; k < K && rec.ids_bytes; ++k) {
-      local[k] = ids[k] >= lo && ids[k] < lo + El ? ids[k] - lo : -1;
-      if (local[k] >= 0 && m[1] < 0) m[1] = s * K + k;
+    int first_slot = -1;
+    for (int k = (rec.ids_bytes ? K : 0) - 1; k >= 0; --k) {
+      const int32_t l = ids[k] - lo;
+      local[k] = static_cast<uint32_t>(l) < static_cast<uint32_t>(El) ? l : -1;
+      first_slot = local[k] >= 0 ? s * K + k : first_slot;
     }
+    m[1] = first_slot;
     if (!in->expand) {
       if (!rows_landed) std::memcpy(out_x + row * rec.x_bytes, x_row, rec.x_bytes);
       if (out_sf) std::memcpy(out_sf + row * rec.sf_bytes, part(rec.sf), rec.sf_bytes);
-      for (int k = 0; k < K && rec.ids_bytes; ++k) {
-        if (out_idx64) out_idx64[row * K + k] = local[k];
-        if (out_idx32) out_idx32[row * K + k] = local[k];
-        if (out_w) out_w[row * K + k] = local[k] >= 0 ? w[k] : 0.0f;
+      const int slots = rec.ids_bytes ? K : 0;
+      for (int k = 0; out_idx64 && k < slots; ++k) out_idx64[row * K + k] = local[k];
+      for (int k = 0; out_idx32 && k < slots; ++k) out_idx32[row * K + k] = local[k];
+      // Another rank's slot gets weight +0: its bits masked, not a branch (see above).
+      for (int k = 0; out_w && k < slots; ++k) {
+        const uint32_t keep = local[k] >= 0 ? ~uint32_t{0} : 0;
+        out_w[row * K + k] = std::bit_cast<float>(std::bit_cast<uint32_t>(w[k]) & keep);
       }
       continue;
     }

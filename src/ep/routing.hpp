@@ -98,15 +98,25 @@ inline std::vector<int32_t> read_topk_idx(const char* fn, const char* arg, const
   check::in_range(fn, "num_topk (topk_idx.size(1))", t.size(1), 0, kMaxTopk);
   const int64_t T = t.size(0), K = t.size(1);
   std::vector<int32_t> ids(static_cast<size_t>(T * K));
-  for (int64_t i = 0; i < T; ++i) {
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t v = t.dtype() == DType::i64 ? t.at<int64_t>({i, k}) : t.at<int32_t>({i, k});
-      DSK_CHECK_ARG(
-          v >= -1 && v < num_experts, fn, arg,
-          "expert ids in [-1, " + std::to_string(num_experts) + ")",
-          "topk_idx[" + std::to_string(i) + ", " + std::to_string(k) + "] = " + std::to_string(v));
-      ids[static_cast<size_t>(i * K + k)] = static_cast<int32_t>(v);
+  // Through a pointer and the strides: Tensor::at checks every coordinate, which cost 0.2 ms
+  // of a 7 ms dispatch at T = 4096, top-8.
+  const int64_t row_stride = t.stride(0), col_stride = t.stride(1);
+  auto read = [&]<typename I>(const I* data) {
+    for (int64_t i = 0; i < T; ++i) {
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t v = data[i * row_stride + k * col_stride];
+        DSK_CHECK_ARG(v >= -1 && v < num_experts, fn, arg,
+                      "expert ids in [-1, " + std::to_string(num_experts) + ")",
+                      "topk_idx[" + std::to_string(i) + ", " + std::to_string(k) +
+                          "] = " + std::to_string(v));
+        ids[static_cast<size_t>(i * K + k)] = static_cast<int32_t>(v);
+      }
     }
+  };
+  if (t.dtype() == DType::i64) {
+    read(t.data<int64_t>());
+  } else {
+    read(t.data<int32_t>());
   }
   return ids;
 }

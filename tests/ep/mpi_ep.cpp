@@ -87,6 +87,42 @@ TEST_P(EpTest, DispatchEqualsAlltoallvReferenceBitwise) {
     EXPECT_EQ(out.handle.rank_prefix_matrix.at<int32_t>({R() - 1, r}), all_rank[r]);
 }
 
+// topk_idx may be int32 or int64 with any strides (read through its strides, not as if
+// contiguous): a column slice of a wider tensor and a transposed one dispatch as the contiguous
+// int64 ids do, and int32 ids give the same local ids as int32.
+TEST_P(EpTest, TopkIdxOfEitherIntegerTypeAndAnyStridesDispatchAlike) {
+  auto buffer = make_buffer();
+  const auto [T, x, topk, w] = make_tokens();
+  const DispatchResult want = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
+  Tensor wide = Tensor::empty({T, 2 * kTopk}, DType::i64);
+  Tensor by_slot = Tensor::empty({kTopk, T}, DType::i64);
+  Tensor narrow = Tensor::empty({T, kTopk}, DType::i32);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int k = 0; k < kTopk; ++k) {
+      const int64_t e = topk.data<int64_t>()[t * kTopk + k];
+      wide.at<int64_t>({t, k}) = e;
+      wide.at<int64_t>({t, kTopk + k}) = E();  // out of range: read only if the strides are not
+      by_slot.at<int64_t>({k, t}) = e;
+      narrow.at<int32_t>({t, k}) = static_cast<int32_t>(e);
+    }
+  }
+  for (const Tensor& ids : {wide.slice(1, 0, kTopk), by_slot.transpose(0, 1), narrow}) {
+    const DispatchResult got = buffer->dispatch(x, {.topk_idx = ids, .topk_weights = w});
+    ASSERT_EQ(got.recv_x.size(0), want.recv_x.size(0));
+    EXPECT_EQ(std::memcmp(got.recv_x.data_ptr(), want.recv_x.data_ptr(), got.recv_x.nbytes()), 0);
+    ASSERT_TRUE(got.recv_topk_idx && got.recv_topk_weights);
+    ASSERT_EQ(got.recv_topk_idx->dtype(), ids.dtype());
+    for (int64_t i = 0; i < got.recv_topk_idx->numel(); ++i) {
+      const int64_t id = ids.dtype() == DType::i32 ? got.recv_topk_idx->data<int32_t>()[i]
+                                                   : got.recv_topk_idx->data<int64_t>()[i];
+      ASSERT_EQ(id, want.recv_topk_idx->data<int64_t>()[i]) << "element " << i;
+    }
+    EXPECT_EQ(std::memcmp(got.recv_topk_weights->data_ptr(), want.recv_topk_weights->data_ptr(),
+                          got.recv_topk_weights->nbytes()),
+              0);
+  }
+}
+
 TEST_P(EpTest, ProvenanceSegmentsHoldTheSourceRank) {
   auto buffer = make_buffer();
   const int64_t T = tokens();
