@@ -316,6 +316,7 @@ void Receiver::unpack(int s, int64_t first, int64_t n, const std::byte* src, boo
   const size_t skip = tails ? rec.sf : 0;
   const size_t stride = rec.bytes - skip;
   const bool rows_landed = tails && rows == nullptr;
+  const int slots = rec.ids_bytes ? K : 0;  // top-k slots the records carry
   for (int64_t i = 0; i < n; ++i) {
     const std::byte* r = src + static_cast<size_t>(i) * stride;
     auto part = [&](size_t offset) { return r + (offset - skip); };
@@ -339,7 +340,7 @@ void Receiver::unpack(int s, int64_t first, int64_t n, const std::byte* src, boo
     // (T = 4096, top-8, 2 ranks) cost 0.4-0.5 ms instead of 0.15-0.25.
     int local[kMaxTopk];
     int first_slot = -1;
-    for (int k = (rec.ids_bytes ? K : 0) - 1; k >= 0; --k) {
+    for (int k = slots - 1; k >= 0; --k) {
       const int32_t l = ids[k] - lo;
       local[k] = static_cast<uint32_t>(l) < static_cast<uint32_t>(El) ? l : -1;
       first_slot = local[k] >= 0 ? s * K + k : first_slot;
@@ -348,7 +349,6 @@ void Receiver::unpack(int s, int64_t first, int64_t n, const std::byte* src, boo
     if (!in->expand) {
       if (!rows_landed) std::memcpy(out_x + row * rec.x_bytes, x_row, rec.x_bytes);
       if (out_sf) std::memcpy(out_sf + row * rec.sf_bytes, part(rec.sf), rec.sf_bytes);
-      const int slots = rec.ids_bytes ? K : 0;
       for (int k = 0; out_idx64 && k < slots; ++k) out_idx64[row * K + k] = local[k];
       for (int k = 0; out_idx32 && k < slots; ++k) out_idx32[row * K + k] = local[k];
       // Another rank's slot gets weight +0: its bits masked, not a branch (see above).

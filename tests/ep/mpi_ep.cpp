@@ -89,7 +89,7 @@ TEST_P(EpTest, DispatchEqualsAlltoallvReferenceBitwise) {
 
 // topk_idx may be int32 or int64 with any strides (read through its strides, not as if
 // contiguous): a column slice of a wider tensor and a transposed one dispatch as the contiguous
-// int64 ids do, and int32 ids give the same local ids as int32.
+// int64 ids do, and int32 ids give the same local ids, returned as int32.
 TEST_P(EpTest, TopkIdxOfEitherIntegerTypeAndAnyStridesDispatchAlike) {
   auto buffer = make_buffer();
   const auto [T, x, topk, w] = make_tokens();
