@@ -84,6 +84,41 @@ TEST_P(Quant, PerTokenCastMatchesTheReferenceInEveryLayout) {
     }
 }
 
+// Column-major scales are written through tiles of 16 rows: row counts around and across a tile
+// (and their split between threads), a last packed word the blocks do not fill (200 columns in
+// blocks of 128: its two unused bytes keep 1.0), f32 and packed scales, all three row casts.
+TEST_P(Quant, ColumnMajorScalesOfAnyRowCountMatchTheReference) {
+  for (int64_t rows : {15, 16, 17, 37, 100}) {
+    const uint64_t seed = fresh_seed();
+    const Tensor x = ref::randn({rows, 2 * 200}, DType::bf16, seed, 0.0f, 2.0f);
+    const Tensor w = ref::randn({200}, DType::f32, seed + 1, 1.0f, 0.2f);
+    const Tensor y = rms_norm(x.slice(1, 0, 200), w, 1e-6f, DType::f32);
+    const Tensor s = swiglu_forward(x, std::nullopt, 10.0f);
+    for (const Layout& l : {kLayouts[2], kLayouts[4]})
+      for (std::string_view fmt : {"e4m3", "e2m1"}) {
+        const int g = fmt == "e4m3" ? 128 : 32;
+        SCOPED_TRACE(::testing::Message()
+                     << rows << " rows " << fmt << " packed " << l.packed << " seed " << seed);
+        const QuantTensor got = per_token_cast(x, fmt, g, true, true, l.packed);
+        expect_layout(got, rows, blocks_of(400, g), true, l.packed);
+        EXPECT_TRUE(
+            same_cast(got, ref::tk::per_token_cast(x, fmt, g, true), rows, blocks_of(400, g)));
+        const QuantTensor narrow = per_token_cast(x.slice(1, 0, 200), fmt, g, true, true, l.packed);
+        expect_layout(narrow, rows, blocks_of(200, g), true, l.packed);
+        EXPECT_TRUE(same_cast(narrow, ref::tk::per_token_cast(x.slice(1, 0, 200), fmt, g, true),
+                              rows, blocks_of(200, g)));
+        const QuantTensor norm = rmsnorm_forward_and_per_token_cast(x.slice(1, 0, 200), w, 1e-6f,
+                                                                    fmt, g, true, true, l.packed);
+        EXPECT_TRUE(
+            same_cast(norm, ref::tk::per_token_cast(y, fmt, g, true), rows, blocks_of(200, g)));
+        const QuantTensor swiglu = swiglu_forward_and_per_token_cast(
+            x, fmt, g, std::nullopt, 10.0f, std::nullopt, std::nullopt, true, true, l.packed);
+        EXPECT_TRUE(
+            same_cast(swiglu, ref::tk::per_token_cast(s, fmt, g, true), rows, blocks_of(200, g)));
+      }
+  }
+}
+
 TEST_P(Quant, PerTokenCastIsDeepGemmsQuantizer) {
   for (int64_t hidden : {7168, 200}) {  // 200: a partial last block
     const uint64_t seed = fresh_seed();
