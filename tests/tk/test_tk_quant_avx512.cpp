@@ -1,10 +1,12 @@
 // The integer e4m3 paths of the per-token cast (power-of-two scales) against the f32 path they
 // replace: tile::bf16x32_to_e4m3_pow2 on every bf16 bit pattern and every scale exponent (range
 // test and codes), the Simd stores with their fallback on both backends, the f32 variant on random
-// and boundary values, and the 16-bit amax.
+// and boundary values, the 16-bit amax (one block and 16 at once), and the e2m1 constants of 16
+// blocks at once.
 // Built with the AVX-512 flags; skipped on CPUs without the avx512 backend.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include <dsk/kernels/tk/quant.hpp>
@@ -151,6 +153,71 @@ void abs_max_is_the_f32_abs_max() {
   }
 }
 
+// The maxima of 16 blocks by one reduction tree equal the per-block reduction, on both backends:
+// windows of every bf16 pattern (NaN and inf included) in random block order.
+void abs_max_of_16_blocks_is_each_blocks_abs_max() {
+  const std::vector<bf16> x = every_bf16();
+  std::mt19937 rng(static_cast<uint32_t>(test::fresh_seed()));
+  std::uniform_int_distribution<size_t> start(0, x.size() - 64);
+  for (int trial = 0; trial < 2000; ++trial) {
+    Avx::Bf16AbsMax a[16];
+    Generic::Bf16AbsMax g[16];
+    for (int b = 0; b < 16; ++b) {
+      const size_t i = start(rng);
+      a[b] = Avx::bf16_absmax_add(Avx::bf16_absmax_add(Avx::bf16_absmax_zero(), x.data() + i),
+                                  x.data() + i + 32);
+      g[b] = Generic::bf16_absmax_add(
+          Generic::bf16_absmax_add(Generic::bf16_absmax_zero(), x.data() + i), x.data() + i + 32);
+    }
+    alignas(64) int32_t got_a[16], got_g[16];
+    Avx::bf16_absmax16_f32_bits(a, got_a);
+    Generic::bf16_absmax16_f32_bits(g, got_g);
+    for (int b = 0; b < 16; ++b) {
+      ASSERT_EQ(got_a[b], Avx::bf16_absmax_f32_bits(a[b])) << "block " << b;
+      ASSERT_EQ(got_g[b], got_a[b]) << "block " << b;
+    }
+  }
+}
+
+// The e2m1 constants of 16 blocks at once (Simd::e2m1_pow2_x16) code every bf16 pattern as
+// e2m1_pow2 of each block's exponent does, on both backends; an inverse scale outside 2^[-125, 120]
+// or not a power of two makes both refuse the batch.
+void e2m1_constants_of_16_blocks_are_each_blocks() {
+  const std::vector<bf16> x = every_bf16();
+  std::mt19937 rng(static_cast<uint32_t>(test::fresh_seed()));
+  std::uniform_int_distribution<int> exponent(-125, 120);
+  std::vector<uint8_t> got(16), want(16);
+  for (int trial = 0; trial < 40; ++trial) {
+    alignas(64) float inv[16];
+    int k[16];
+    for (int b = 0; b < 16; ++b) inv[b] = std::ldexp(1.0f, k[b] = exponent(rng));
+    if (trial < 2) inv[trial * 15] = std::ldexp(1.0f, k[trial * 15] = trial == 0 ? -125 : 120);
+    Avx::E2m1Pow2x16 sa;
+    Generic::E2m1Pow2x16 sg;
+    ASSERT_TRUE(Avx::e2m1_pow2_x16(inv, &sa));
+    ASSERT_TRUE(Generic::e2m1_pow2_x16(inv, &sg));
+    for (int b = 0; b < 16; ++b)
+      for (size_t i = 0; i < x.size(); i += 32) {
+        const auto* p = x.data() + i;
+        Avx::store_e2m1_bf16x32_pow2(reinterpret_cast<fp4x2*>(want.data()), p,
+                                     Avx::e2m1_pow2(k[b]));
+        Avx::store_e2m1_bf16x32_pow2_of(reinterpret_cast<fp4x2*>(got.data()), p, sa, b);
+        ASSERT_EQ(got, want) << "bf16 " << i << " k " << k[b];
+        Generic::store_e2m1_bf16x32_pow2_of(reinterpret_cast<fp4x2*>(got.data()), p, sg, b);
+        ASSERT_EQ(got, want) << "bf16 " << i << " k " << k[b];
+      }
+    for (float bad :
+         {1.5f, std::ldexp(1.0f, -126), std::ldexp(1.0f, 121), -8.0f, 0.0f,
+          std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+      alignas(64) float refused[16];
+      std::memcpy(refused, inv, sizeof inv);
+      refused[trial % 16] = bad;
+      EXPECT_FALSE(Avx::e2m1_pow2_x16(refused, &sa)) << bad;
+      EXPECT_FALSE(Generic::e2m1_pow2_x16(refused, &sg)) << bad;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsk::tk
 
@@ -167,5 +234,9 @@ DSK_ISA_TESTS(tk_quant_avx512_tests,
               {"QuantBf16E4m3", "F32IntegerPathIsTheF32Path", Backend::avx512,
                &tk::f32_integer_path_is_the_f32_path},
               {"QuantBf16E4m3", "AbsMaxIsTheF32AbsMax", Backend::avx512,
-               &tk::abs_max_is_the_f32_abs_max});
+               &tk::abs_max_is_the_f32_abs_max},
+              {"QuantBf16E4m3", "AbsMaxOf16BlocksIsEachBlocksAbsMax", Backend::avx512,
+               &tk::abs_max_of_16_blocks_is_each_blocks_abs_max},
+              {"QuantBf16E2m1", "ConstantsOf16BlocksAreEachBlocks", Backend::avx512,
+               &tk::e2m1_constants_of_16_blocks_are_each_blocks});
 }  // namespace dsk::test

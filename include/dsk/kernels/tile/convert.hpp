@@ -405,13 +405,16 @@ inline __m256i bf16x32_to_e4m3_pow2(__m512i x, const Bf16ToE4m3Pow2& c, __mmask3
 // as its product is. For non-negative bf16 integer order is value order, so the thresholds are
 // compared as integers. As in the rule, NaN codes 0 and a negative value its magnitude's code
 // with bit 3 set unless that code is 0.
+// The exponent field moves up by `up` and down by `down` words, one of them 0: both are applied,
+// with no branch on the sign of k.
 struct Bf16ToE2m1Pow2 {
-  __m512i shift;  // |k| * 128 in every word
-  bool up;        // k >= 0
+  __m512i up;    // max(k, 0) * 128 in every word
+  __m512i down;  // max(-k, 0) * 128 in every word
 };
 
 inline Bf16ToE2m1Pow2 bf16_to_e2m1_pow2(int k) {
-  return {_mm512_set1_epi16(static_cast<int16_t>((k < 0 ? -k : k) * 128)), k >= 0};
+  return {_mm512_set1_epi16(static_cast<int16_t>((k > 0 ? k : 0) * 128)),
+          _mm512_set1_epi16(static_cast<int16_t>((k < 0 ? -k : 0) * 128))};
 }
 
 // 32 bf16 (the words of x) -> 16 bytes of e2m1 codes of x * 2^k (even value in the low nibble).
@@ -419,8 +422,7 @@ inline Bf16ToE2m1Pow2 bf16_to_e2m1_pow2(int k) {
 // table's upper half (convert_detail::kE2m1CodeTable); it replaced seven compares and masked adds.
 inline __m128i bf16x32_to_e2m1_pow2(__m512i x, const Bf16ToE2m1Pow2& c) {
   const __m512i abs_bits = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
-  const __m512i scaled =
-      c.up ? _mm512_adds_epu16(abs_bits, c.shift) : _mm512_subs_epu16(abs_bits, c.shift);
+  const __m512i scaled = _mm512_subs_epu16(_mm512_adds_epu16(abs_bits, c.up), c.down);
   const __m512i bucket =
       _mm512_min_epu16(_mm512_srli_epi16(_mm512_subs_epu16(scaled, _mm512_set1_epi16(0x3E61)), 5),
                        _mm512_set1_epi16(31));

@@ -187,6 +187,23 @@ struct Simd<tile::generic_t> {
       p[i] = numeric::pack_e2m1(numeric::f32_to_e2m1(numeric::bf16_to_f32(x[2 * i]) * s.scale),
                                 numeric::f32_to_e2m1(numeric::bf16_to_f32(x[2 * i + 1]) * s.scale));
   }
+  // e2m1_pow2 of 16 blocks at once, from their inverse scales: false, with nothing usable, unless
+  // every inv[b] is 2^k with k in [-125, 120] (the range the row quantizers give this path).
+  struct E2m1Pow2x16 {
+    E2m1Pow2 block[16];
+  };
+  static bool e2m1_pow2_x16(const float* inv, E2m1Pow2x16* s) {
+    for (int b = 0; b < 16; ++b) {
+      const uint32_t bits = numeric::bits_of(inv[b]);
+      const uint32_t e = bits >> 23;
+      if ((bits & 0x807FFFFFu) != 0 || e < 2 || e > 247) return false;
+      s->block[b] = e2m1_pow2(static_cast<int>(e) - 127);
+    }
+    return true;
+  }
+  static void store_e2m1_bf16x32_pow2_of(fp4x2* p, const bf16* x, const E2m1Pow2x16& s, int b) {
+    store_e2m1_bf16x32_pow2(p, x, s.block[b]);
+  }
 
   // n (even) e2m1 values from n / 2 bytes.
   static F load_e2m1_n(const fp4x2* p, int n) {
@@ -553,6 +570,34 @@ struct Simd<tile::avx512_t> {
   static void store_e2m1_bf16x32_pow2(fp4x2* p, const bf16* x, const E2m1Pow2& s) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                      tile::bf16x32_to_e2m1_pow2(_mm512_loadu_si512(x), s.fast));
+  }
+  // The 16 blocks' exponent shifts as words, computed in one vector from the inverse scales'
+  // bits; a block's store broadcasts its two words. Per block this replaced the scalar exponent
+  // test, the shifts' arithmetic and two broadcasts from general registers.
+  struct E2m1Pow2x16 {
+    alignas(32) uint16_t up[16];
+    alignas(32) uint16_t down[16];
+  };
+  static bool e2m1_pow2_x16(const float* inv, E2m1Pow2x16* s) {
+    const __m512i bits = _mm512_loadu_si512(inv);
+    const __m512i e = _mm512_srli_epi32(bits, 23);
+    const __mmask16 pow2 =
+        _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x807FFFFF)) &
+        _mm512_cmple_epu32_mask(_mm512_sub_epi32(e, _mm512_set1_epi32(2)), _mm512_set1_epi32(245));
+    if (pow2 != 0xFFFF) return false;
+    const __m512i k = _mm512_sub_epi32(e, _mm512_set1_epi32(127));
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i up = _mm512_slli_epi32(_mm512_max_epi32(k, zero), 7);
+    const __m512i down = _mm512_slli_epi32(_mm512_max_epi32(_mm512_sub_epi32(zero, k), zero), 7);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s->up), _mm512_cvtepi32_epi16(up));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s->down), _mm512_cvtepi32_epi16(down));
+    return true;
+  }
+  static void store_e2m1_bf16x32_pow2_of(fp4x2* p, const bf16* x, const E2m1Pow2x16& s, int b) {
+    const tile::Bf16ToE2m1Pow2 c{_mm512_set1_epi16(static_cast<int16_t>(s.up[b])),
+                                 _mm512_set1_epi16(static_cast<int16_t>(s.down[b]))};
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     tile::bf16x32_to_e2m1_pow2(_mm512_loadu_si512(x), c));
   }
 
   static F load_e4m3_n(const e4m3* p, int n) {
