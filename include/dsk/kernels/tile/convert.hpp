@@ -211,6 +211,12 @@ inline __m512i set1_u32(uint32_t v) {
   return _mm512_set1_epi32(static_cast<int>(v));
 }
 
+// The lanes whose f32 bits are a subnormal (exponent 0, mantissa not 0).
+inline __mmask16 subnormal_lanes(__m512i bits) {
+  return _mm512_testn_epi32_mask(bits, set1_u32(0x7F800000u)) &
+         _mm512_test_epi32_mask(bits, set1_u32(0x007FFFFFu));
+}
+
 // Magnitude code of a small binary float format (kMan mantissa bits, smallest normal exponent
 // kEmin) for every lane of |x| (given as f32 bits), before saturation and NaN handling.
 //   normal range: round away the low 23-kMan bits of the f32 bits (integer RNE) and rebias;
@@ -291,12 +297,16 @@ inline __m512 e4m3x16_to_f32(__m128i codes) {
 // a subnormal take the integer path: one conversion and two bit tests instead of nine
 // instructions, which bf16-writing kernels (norms, Hadamard, RoPE) feel. The tests are on the
 // integer bits because VFPCLASSPS follows MXCSR.DAZ.
+//
+// The fast check is on the result: the instruction turns a subnormal into ±0 and a normal input
+// never into ±0, so a result without a ±0 word is exact with one test of 16 or 32 words; only a
+// vector with a ±0 result (a zero or a subnormal input) tests its inputs' bits.
 inline __m256i f32x16_to_bf16(__m512 x) {
+  const __m256i fast = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+  if (_mm256_testn_epi16_mask(fast, _mm256_set1_epi16(0x7FFF)) == 0) [[likely]]
+    return fast;
   const __m512i bits = _mm512_castps_si512(x);
-  const __mmask16 subnormal = _mm512_testn_epi32_mask(bits, convert_detail::set1_u32(0x7F800000u)) &
-                              _mm512_test_epi32_mask(bits, convert_detail::set1_u32(0x007FFFFFu));
-  if (subnormal == 0) [[likely]]
-    return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+  if (convert_detail::subnormal_lanes(bits) == 0) return fast;
   const __m512i high = _mm512_srli_epi32(bits, 16);
   const __m512i lsb = _mm512_and_si512(high, convert_detail::set1_u32(1));
   const __m512i rounded = _mm512_srli_epi32(
@@ -310,14 +320,12 @@ inline __m256i f32x16_to_bf16(__m512 x) {
 // f32x16_to_bf16 of 32 values (lo: 0..15, hi: 16..31) in one 512-bit vector: one conversion
 // instruction and one branch for both (a vector pair holding a subnormal takes the integer path).
 inline __m512i f32x32_to_bf16(__m512 lo, __m512 hi) {
-  const __m512i exponent = convert_detail::set1_u32(0x7F800000u);
-  const __m512i mantissa = convert_detail::set1_u32(0x007FFFFFu);
-  const __mmask16 lo_sub = _mm512_testn_epi32_mask(_mm512_castps_si512(lo), exponent) &
-                           _mm512_test_epi32_mask(_mm512_castps_si512(lo), mantissa);
-  const __mmask16 hi_sub = _mm512_testn_epi32_mask(_mm512_castps_si512(hi), exponent) &
-                           _mm512_test_epi32_mask(_mm512_castps_si512(hi), mantissa);
-  if ((lo_sub | hi_sub) == 0) [[likely]]
-    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+  const __m512i fast = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+  if (_mm512_testn_epi16_mask(fast, _mm512_set1_epi16(0x7FFF)) == 0) [[likely]]
+    return fast;
+  if ((convert_detail::subnormal_lanes(_mm512_castps_si512(lo)) |
+       convert_detail::subnormal_lanes(_mm512_castps_si512(hi))) == 0)
+    return fast;
   return _mm512_inserti64x4(_mm512_castsi256_si512(f32x16_to_bf16(lo)), f32x16_to_bf16(hi), 1);
 }
 
