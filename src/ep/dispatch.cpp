@@ -12,12 +12,16 @@
 #include <dsk/core/error.hpp>
 #include <dsk/gemm.hpp>
 
-#include "ep/copy.hpp"
+#include "core/copy.hpp"
 #include "ep/internal.hpp"
 #include "ep/routing.hpp"
 
 namespace dsk::ep {
 namespace detail {
+
+using dsk::detail::copy_row;
+using dsk::detail::kStreamCopyBytes;
+using dsk::detail::stream_fence;
 namespace {
 
 constexpr const char* kFn = "ep::Buffer::dispatch";

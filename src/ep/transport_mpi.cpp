@@ -33,10 +33,14 @@
 #include <dsk/core/error.hpp>
 #include <dsk/core/tensor.hpp>
 
-#include "ep/copy.hpp"
+#include "core/copy.hpp"
 #include "ep/internal.hpp"
 
 namespace dsk::ep::detail {
+
+using dsk::detail::copy_row;
+using dsk::detail::kStreamCopyBytes;
+using dsk::detail::stream_fence;
 namespace {
 
 // The most bytes of rows one message carries (whole rows, at least one), and the chunks a combine

@@ -1,4 +1,5 @@
-// Row copies of the EP transports. Private to src/ep.
+// Row copies that may go around the caches: the EP transports' rows and tk's expanded rows.
+// Private to src.
 #pragma once
 
 #include <cstddef>
@@ -9,10 +10,10 @@
 #include <emmintrin.h>
 #endif
 
-namespace dsk::ep::detail {
+namespace dsk::detail {
 
-// From how many bytes per exchange a transport writes rows around the caches: well above what
-// the caches keep, and what nothing reads before the exchange ends.
+// From how many bytes per call (an exchange, an expansion) rows are written around the caches:
+// well above what the caches keep, and what nothing reads before the call ends.
 inline constexpr size_t kStreamCopyBytes = size_t{8} << 20;
 
 // Copies one row; with `stream`, by non-temporal stores where dst and bytes allow it.
@@ -39,6 +40,20 @@ inline void copy_row(std::byte* dst, const std::byte* src, size_t bytes, bool st
   std::memcpy(dst, src, bytes);
 }
 
+// Zeroes one row; with `stream`, by non-temporal stores where dst and bytes allow it.
+inline void zero_row(std::byte* dst, size_t bytes, bool stream) {
+#if defined(__SSE2__)
+  if (stream && reinterpret_cast<uintptr_t>(dst) % 16 == 0 && bytes % 64 == 0) {
+    const __m128i zero = _mm_setzero_si128();
+    for (size_t i = 0; i < bytes; i += 16)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), zero);
+    return;
+  }
+#endif
+  (void)stream;
+  std::memset(dst, 0, bytes);
+}
+
 // Orders the non-temporal stores before what follows (another rank or thread reading them).
 inline void stream_fence() {
 #if defined(__SSE2__)
@@ -46,4 +61,4 @@ inline void stream_fence() {
 #endif
 }
 
-}  // namespace dsk::ep::detail
+}  // namespace dsk::detail
