@@ -301,13 +301,12 @@ inline __m512 e4m3x16_to_f32(__m128i codes) {
 // RNE on the bits (x + 0x7FFF + lsb) >> 16; NaN becomes (x >> 16) | 0x40.
 // VCVTNEPS2BF16 implements exactly this rule (Intel's pseudo-code; checked on millions of bit
 // patterns in tests/core) except that it reads subnormal inputs as zero, so only vectors holding
-// a subnormal take the integer path: one conversion and two bit tests instead of nine
-// instructions, which bf16-writing kernels (norms, Hadamard, RoPE) feel. The tests are on the
-// integer bits because VFPCLASSPS follows MXCSR.DAZ.
-//
-// The fast check is on the result: the instruction turns a subnormal into ±0 and a normal input
-// never into ±0, so a result without a ±0 word is exact with one test of 16 or 32 words; only a
-// vector with a ±0 result (a zero or a subnormal input) tests its inputs' bits.
+// a subnormal take the integer path. The check is on the result first: the instruction turns a
+// subnormal into ±0 and a normal input never into ±0, so a result without a ±0 word is exact
+// after one conversion and one test of 16 or 32 words (instead of nine instructions, which
+// bf16-writing kernels such as norms, Hadamard and RoPE feel). Only a vector with a ±0 result (a
+// zero or a subnormal input) tests its inputs' bits, on the integers because VFPCLASSPS follows
+// MXCSR.DAZ.
 inline __m256i f32x16_to_bf16(__m512 x) {
   const __m256i fast = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
   if (_mm256_testn_epi16_mask(fast, _mm256_set1_epi16(0x7FFF)) == 0) [[likely]]
