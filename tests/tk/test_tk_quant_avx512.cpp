@@ -1,9 +1,10 @@
 // The integer e4m3 paths of the per-token cast (power-of-two scales) against the f32 path they
 // replace: tile::bf16x32_to_e4m3_pow2 on every bf16 bit pattern and every scale exponent (range
 // test and codes), the Simd stores with their fallback on both backends, the f32 variant on random
-// and boundary values, the 16-bit amax (one block and 16 at once), and the e2m1 constants of 16
-// blocks at once.
+// and boundary values and four vectors at once, the 16-bit amax (one block and 16 at once), and the
+// e2m1 constants of 16 blocks at once.
 // Built with the AVX-512 flags; skipped on CPUs without the avx512 backend.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -137,6 +138,49 @@ void f32_integer_path_is_the_f32_path() {
   }
 }
 
+// The 64-code store (four vectors narrowed together): mostly in-range values, so that both its
+// integer path and, when one lane of the 64 is out of range (about one draw in three), its
+// fallback run; every scale exponent, both backends, against the rule.
+void f32_store_of_64_is_four_stores_of_16() {
+  std::mt19937 rng(static_cast<uint32_t>(test::fresh_seed()));
+  alignas(64) uint32_t bits[64];
+  int fast = 0, fallback = 0;
+  for (int k = -126; k <= 120; ++k) {
+    const auto sa = Avx::e4m3_pow2(k);
+    const auto sg = Generic::e4m3_pow2(k);
+    for (int it = 0; it < 60; ++it) {
+      bool in_range = true;
+      for (int i = 0; i < 64; ++i) {
+        const int e = std::clamp(121 - k + static_cast<int>(rng() % 15), 1, 254);
+        uint32_t b = (static_cast<uint32_t>(rng()) & 0x807FFFFFu) | static_cast<uint32_t>(e) << 23;
+        if (i % 8 == 5) b = (b & 0xFFF00000u) | (0x80000u + rng() % 5 - 2);  // ties, near ties
+        if (rng() % 200 == 0) b = static_cast<uint32_t>(rng());              // anything
+        const float v = std::fabs(numeric::float_of(b)) * std::ldexp(1.0f, k);
+        in_range = in_range && v >= std::ldexp(1.0f, -6) && v <= 464.0f;
+        bits[i] = b;
+      }
+      (in_range ? fast : fallback)++;
+      Avx::F x[4];
+      Generic::F xg[4];
+      for (int v = 0; v < 4; ++v) {
+        x[v] = Avx::from_bits(Avx::iload(reinterpret_cast<const int32_t*>(bits + 16 * v)));
+        std::memcpy(xg[v].v, bits + 16 * v, sizeof xg[v].v);
+      }
+      uint8_t got[64], generic[64];
+      Avx::store_e4m3_pow2_x64(reinterpret_cast<e4m3*>(got), x[0], x[1], x[2], x[3], sa);
+      Generic::store_e4m3_pow2_x64(reinterpret_cast<e4m3*>(generic), xg[0], xg[1], xg[2], xg[3],
+                                   sg);
+      for (int i = 0; i < 64; ++i) {
+        const float v = numeric::float_of(bits[i]) * std::ldexp(1.0f, k);
+        ASSERT_EQ(generic[i], numeric::f32_to_e4m3(v).bits) << bits[i] << " k " << k;
+        ASSERT_EQ(got[i], generic[i]) << "f32 bits " << bits[i] << " lane " << i << " k " << k;
+      }
+    }
+  }
+  EXPECT_GT(fast, 1000);  // both paths taken
+  EXPECT_GT(fallback, 1000);
+}
+
 void abs_max_is_the_f32_abs_max() {
   std::vector<bf16> x = every_bf16();
   // Windows of 32 patterns at every offset, so each position holds the maximum somewhere, NaN and
@@ -233,6 +277,8 @@ DSK_ISA_TESTS(tk_quant_avx512_tests,
                &tk::integer_path_is_the_f32_path_for_every_bf16_and_exponent},
               {"QuantBf16E4m3", "F32IntegerPathIsTheF32Path", Backend::avx512,
                &tk::f32_integer_path_is_the_f32_path},
+              {"QuantBf16E4m3", "F32StoreOf64IsFourStoresOf16", Backend::avx512,
+               &tk::f32_store_of_64_is_four_stores_of_16},
               {"QuantBf16E4m3", "AbsMaxIsTheF32AbsMax", Backend::avx512,
                &tk::abs_max_is_the_f32_abs_max},
               {"QuantBf16E4m3", "AbsMaxOf16BlocksIsEachBlocksAbsMax", Backend::avx512,

@@ -174,6 +174,13 @@ struct Simd<tile::generic_t> {
   static void store_e4m3_pow2(e4m3* p, F x, const E4m3Pow2& s) {
     for (int i = 0; i < 16; ++i) p[i] = numeric::f32_to_e4m3(x.v[i] * s.scale);
   }
+  // 64 e4m3 codes: store_e4m3_pow2 of x0, x1, x2, x3 to p, p + 16, p + 32, p + 48.
+  static void store_e4m3_pow2_x64(e4m3* p, F x0, F x1, F x2, F x3, const E4m3Pow2& s) {
+    store_e4m3_pow2(p, x0, s);
+    store_e4m3_pow2(p + 16, x1, s);
+    store_e4m3_pow2(p + 32, x2, s);
+    store_e4m3_pow2(p + 48, x3, s);
+  }
   // 32 e2m1 codes (16 bytes) of x * scale, scale = 2^k with k in [-125, 124]:
   // store_e2m1(mul(load(x), scale)) for both halves.
   struct E2m1Pow2 {
@@ -561,6 +568,20 @@ struct Simd<tile::avx512_t> {
       return;
     }
     store_e4m3(p, mul(x, s.scale));
+  }
+  // The four conversions narrowed together (tile::f32x64_to_e4m3_pow2); a lane out of range
+  // sends all four vectors through store_e4m3.
+  static void store_e4m3_pow2_x64(e4m3* p, F x0, F x1, F x2, F x3, const E4m3Pow2& s) {
+    __mmask16 other;
+    const __m512i codes = tile::f32x64_to_e4m3_pow2(x0, x1, x2, x3, s.fast_f32, &other);
+    if (other == 0) [[likely]] {
+      _mm512_storeu_si512(p, codes);
+      return;
+    }
+    store_e4m3(p, mul(x0, s.scale));
+    store_e4m3(p + 16, mul(x1, s.scale));
+    store_e4m3(p + 32, mul(x2, s.scale));
+    store_e4m3(p + 48, mul(x3, s.scale));
   }
   struct E2m1Pow2 {
     tile::Bf16ToE2m1Pow2 fast;
