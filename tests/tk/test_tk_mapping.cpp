@@ -198,7 +198,10 @@ Tensor reduce_in_order(const Tensor& x, const Tensor& weights, const Tensor& pos
 }
 
 TEST_P(Combine, ReduceIsTheFixedOrderWeightedSum) {
-  for (auto [tokens, hidden] : {std::pair<int64_t, int64_t>{7, 7168}, {1, 512}, {4096, 128}}) {
+  // Widths that take the kernel's 128-, 32- and 16-column steps and a partial vector (200), and
+  // its prefetch both within a row and into the next token's (7168).
+  for (auto [tokens, hidden] :
+       {std::pair<int64_t, int64_t>{7, 7168}, {1, 512}, {4096, 128}, {33, 200}}) {
     const uint64_t seed = fresh_seed();
     const Tensor idx = routing_ids(tokens, 8, 64, seed);
     const FusedMapping m = get_fused_mapping(idx, 64, 0, 32);
@@ -215,6 +218,13 @@ TEST_P(Combine, ReduceIsTheFixedOrderWeightedSum) {
     reduce_fused(y16, w, m.token_topk_to_pos, "", std::nullopt, out);
     EXPECT_TRUE(ref::all_written(out));
     EXPECT_LT(ref::calc_diff(out, ref::tk::reduce_fused(y16, w, m.token_topk_to_pos)), 1e-5);
+    // The same f32 sums, each rounded once to bf16.
+    const Tensor sums = reduce_in_order(y16, w, m.token_topk_to_pos);
+    int64_t differ = 0;
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t c = 0; c < hidden; ++c)
+        differ += out.at<bf16>({t, c}).bits != numeric::f32_to_bf16(sums.at<float>({t, c})).bits;
+    EXPECT_EQ(differ, 0);
   }
 }
 

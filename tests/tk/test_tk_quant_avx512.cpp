@@ -1,8 +1,8 @@
 // The integer e4m3 paths of the per-token cast (power-of-two scales) against the f32 path they
 // replace: tile::bf16x32_to_e4m3_pow2 on every bf16 bit pattern and every scale exponent (range
 // test and codes), the Simd stores with their fallback on both backends, the f32 variant on random
-// and boundary values and four vectors at once, the 16-bit amax (one block and 16 at once), and the
-// e2m1 constants of 16 blocks at once.
+// and boundary values and four vectors at once, the 16-bit amax (one block and 16 at once), the
+// e2m1 constants of 16 blocks at once, and the bf16 pair loads and stores of reduce_fused.
 // Built with the AVX-512 flags; skipped on CPUs without the avx512 backend.
 #include <algorithm>
 #include <cmath>
@@ -181,6 +181,40 @@ void f32_store_of_64_is_four_stores_of_16() {
   EXPECT_GT(fallback, 1000);
 }
 
+// bf16 rows split into even and odd positions and stored back interleaved, as bf16, f32 and e4m3,
+// on both backends (reduce_fused's bf16 path).
+void bf16_pairs_load_and_store_in_order() {
+  std::mt19937 rng(static_cast<uint32_t>(test::fresh_seed()));
+  for (int it = 0; it < 2000; ++it) {
+    bf16 x[32];
+    for (auto& v : x) v = bf16{static_cast<uint16_t>(rng())};
+    if (it % 2 == 0)  // finite values as well as every pattern (NaN, inf, subnormals)
+      for (auto& v : x) v = numeric::f32_to_bf16(std::ldexp(float(rng() % 2000) - 1000.0f, -4));
+    Avx::F even, odd;
+    Generic::F even_g, odd_g;
+    Avx::load_bf16_pairs(x, &even, &odd);
+    Generic::load_bf16_pairs(x, &even_g, &odd_g);
+    bf16 back[32], back_g[32];
+    float f[32], f_g[32];
+    e4m3 q[32], q_g[32];
+    Avx::store_pairs(back, even, odd);
+    Generic::store_pairs(back_g, even_g, odd_g);
+    Avx::store_pairs(f, even, odd);
+    Generic::store_pairs(f_g, even_g, odd_g);
+    Avx::store_pairs(q, even, odd);
+    Generic::store_pairs(q_g, even_g, odd_g);
+    for (int i = 0; i < 32; ++i) {
+      const float want = numeric::bf16_to_f32(x[i]);
+      ASSERT_EQ(numeric::bits_of(f[i]), numeric::bits_of(want)) << i;
+      ASSERT_EQ(numeric::bits_of(f_g[i]), numeric::bits_of(want)) << i;
+      ASSERT_EQ(back[i].bits, numeric::f32_to_bf16(want).bits) << i;
+      ASSERT_EQ(back_g[i].bits, back[i].bits) << i;
+      ASSERT_EQ(q[i].bits, numeric::f32_to_e4m3(want).bits) << i;
+      ASSERT_EQ(q_g[i].bits, q[i].bits) << i;
+    }
+  }
+}
+
 void abs_max_is_the_f32_abs_max() {
   std::vector<bf16> x = every_bf16();
   // Windows of 32 patterns at every offset, so each position holds the maximum somewhere, NaN and
@@ -279,6 +313,8 @@ DSK_ISA_TESTS(tk_quant_avx512_tests,
                &tk::f32_integer_path_is_the_f32_path},
               {"QuantBf16E4m3", "F32StoreOf64IsFourStoresOf16", Backend::avx512,
                &tk::f32_store_of_64_is_four_stores_of_16},
+              {"SimdPairs", "Bf16PairsLoadAndStoreInOrder", Backend::avx512,
+               &tk::bf16_pairs_load_and_store_in_order},
               {"QuantBf16E4m3", "AbsMaxIsTheF32AbsMax", Backend::avx512,
                &tk::abs_max_is_the_f32_abs_max},
               {"QuantBf16E4m3", "AbsMaxOf16BlocksIsEachBlocksAbsMax", Backend::avx512,

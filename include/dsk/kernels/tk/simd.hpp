@@ -122,6 +122,28 @@ struct Simd<tile::generic_t> {
     store(p, lo);
     store(p + 16, hi);
   }
+  // 32 bf16 split by position: even gets values 0, 2, .., 30 and odd 1, 3, .., 31. For
+  // element-wise math whose lane order does not matter: a bf16 pair is one 32-bit word, so the
+  // split costs one operation per 16 values where load() widens with two.
+  static void load_bf16_pairs(const bf16* p, F* even, F* odd) {
+    for (int i = 0; i < 16; ++i) {
+      even->v[i] = widen(p[2 * i]);
+      odd->v[i] = widen(p[2 * i + 1]);
+    }
+  }
+  // The inverse for any T: p[2i] = even[i], p[2i + 1] = odd[i] (e4m3 saturating, RNE).
+  template <class T>
+  static void store_pairs(T* p, F even, F odd) {
+    for (int i = 0; i < 16; ++i) {
+      if constexpr (std::is_same_v<T, e4m3>) {
+        p[2 * i] = numeric::f32_to_e4m3(even.v[i]);
+        p[2 * i + 1] = numeric::f32_to_e4m3(odd.v[i]);
+      } else {
+        p[2 * i] = narrow<T>(even.v[i]);
+        p[2 * i + 1] = narrow<T>(odd.v[i]);
+      }
+    }
+  }
   // 16 e4m3 codes (saturating, RNE).
   static void store_e4m3(e4m3* p, F x) { store_e4m3_n(p, x, 16); }
   static void store_e4m3_n(e4m3* p, F x, int n) {
@@ -474,6 +496,36 @@ struct Simd<tile::avx512_t> {
     } else {
       store(p, lo);
       store(p + 16, hi);
+    }
+  }
+  // The generic backend's load_bf16_pairs: a bf16 pair's word shifted (even) and masked (odd).
+  static void load_bf16_pairs(const bf16* p, F* even, F* odd) {
+    const __m512i words = _mm512_loadu_si512(p);
+    *even = _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
+    *odd = _mm512_castsi512_ps(_mm512_and_si512(words, _mm512_set1_epi32(~0xFFFF)));
+  }
+  // The generic backend's store_pairs: bf16 as one conversion of both and one word permute; f32
+  // and e4m3 through two dword permutes.
+  template <class T>
+  static void store_pairs(T* p, F even, F odd) {
+    if constexpr (std::is_same_v<T, bf16>) {
+      const __m512i order =
+          _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                           6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+      _mm512_storeu_si512(p, _mm512_permutexvar_epi16(order, tile::f32x32_to_bf16(even, odd)));
+    } else {
+      const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+      const __m512i hi =
+          _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+      const F first = _mm512_permutex2var_ps(even, lo, odd);
+      const F second = _mm512_permutex2var_ps(even, hi, odd);
+      if constexpr (std::is_same_v<T, e4m3>) {
+        store_e4m3(p, first);
+        store_e4m3(p + 16, second);
+      } else {
+        store(p, first);
+        store(p + 16, second);
+      }
     }
   }
   template <class T>
