@@ -8,11 +8,13 @@
 //     acc = 0;  acc = acc + weights[i] * rows[i] for i = 0 .. n - 1  (product rounded, then sum;
 //     no FMA), so n = 0 gives +0;
 //   out = bf16(acc).
-// Each row is read once and the accumulators stay in registers, 64 values at a time.
+// Each row is read once and the accumulators stay in registers, 128 values at a time (the
+// weighted sum is tk's reduce_fused sum, dsk/kernels/tk/moe.hpp).
 #pragma once
 
 #include <cstdint>
 
+#include <dsk/kernels/tk/moe.hpp>
 #include <dsk/kernels/tk/simd.hpp>
 
 namespace dsk::ep::kernels {
@@ -29,22 +31,41 @@ struct RowSums {
 
 inline namespace DSK_TILE_ABI {
 
+namespace reduce_detail {
+
+// sum_bf16_rows over columns [c, c + 32 * kBlocks): 2 * kBlocks accumulators (independent add
+// chains), the rows read in even/odd pairs, as tk::kernels::weighted_sum_block.
+template <class S, int kBlocks>
+DSK_TK_INLINE void sum_block(const bf16* const* rows, int n, bool from_zero, int64_t c, bf16* out) {
+  typename S::F acc[2 * kBlocks];
+  for (int k = 0; k < kBlocks; ++k) {
+    S::load_bf16_pairs(rows[0] + c + 32 * k, &acc[2 * k], &acc[2 * k + 1]);
+    if (from_zero) {
+      acc[2 * k] = S::add(S::zero(), acc[2 * k]);
+      acc[2 * k + 1] = S::add(S::zero(), acc[2 * k + 1]);
+    }
+  }
+  for (int i = 1; i < n; ++i)
+    for (int k = 0; k < kBlocks; ++k) {
+      typename S::F x0, x1;
+      S::load_bf16_pairs(rows[i] + c + 32 * k, &x0, &x1);
+      acc[2 * k] = S::add(acc[2 * k], x0);
+      acc[2 * k + 1] = S::add(acc[2 * k + 1], x1);
+    }
+  for (int k = 0; k < kBlocks; ++k) S::store_pairs(out + c + 32 * k, acc[2 * k], acc[2 * k + 1]);
+}
+
+}  // namespace reduce_detail
+
 template <tile::Isa I>
 void sum_bf16_rows(const bf16* const* rows, int n, bool from_zero, int64_t cols, bf16* out) {
   using S = tk::kernels::SimdOf<I>;
   using F = typename S::F;
-  constexpr int kVectors = 4;  // four independent accumulators per pass
+  constexpr int64_t kBlock = tk::kernels::kSumBlockColumns;
   int64_t c = 0;
-  for (; c + 16 * kVectors <= cols; c += 16 * kVectors) {
-    F acc[kVectors];
-    for (int v = 0; v < kVectors; ++v) {
-      acc[v] = S::load(rows[0] + c + 16 * v);
-      if (from_zero) acc[v] = S::add(S::zero(), acc[v]);
-    }
-    for (int i = 1; i < n; ++i)
-      for (int v = 0; v < kVectors; ++v) acc[v] = S::add(acc[v], S::load(rows[i] + c + 16 * v));
-    for (int v = 0; v < kVectors; ++v) S::store(out + c + 16 * v, acc[v]);
-  }
+  for (; c + kBlock <= cols; c += kBlock)
+    reduce_detail::sum_block<S, kBlock / 32>(rows, n, from_zero, c, out);
+  for (; c + 32 <= cols; c += 32) reduce_detail::sum_block<S, 1>(rows, n, from_zero, c, out);
   for (; c < cols; c += 16) {
     const int w = static_cast<int>(cols - c < 16 ? cols - c : 16);
     F acc = S::load_n(rows[0] + c, w);
@@ -57,27 +78,8 @@ void sum_bf16_rows(const bf16* const* rows, int n, bool from_zero, int64_t cols,
 template <tile::Isa I>
 void weighted_sum_bf16_rows(const bf16* const* rows, const float* weights, int n, int64_t cols,
                             bf16* out) {
-  using S = tk::kernels::SimdOf<I>;
-  using F = typename S::F;
-  constexpr int kVectors = 4;
-  int64_t c = 0;
-  for (; c + 16 * kVectors <= cols; c += 16 * kVectors) {
-    F acc[kVectors];
-    for (int v = 0; v < kVectors; ++v) acc[v] = S::zero();
-    for (int i = 0; i < n; ++i) {
-      const F w = S::set1(weights[i]);
-      for (int v = 0; v < kVectors; ++v)
-        acc[v] = S::add(acc[v], S::mul(w, S::load(rows[i] + c + 16 * v)));
-    }
-    for (int v = 0; v < kVectors; ++v) S::store(out + c + 16 * v, acc[v]);
-  }
-  for (; c < cols; c += 16) {
-    const int live = static_cast<int>(cols - c < 16 ? cols - c : 16);
-    F acc = S::zero();
-    for (int i = 0; i < n; ++i)
-      acc = S::add(acc, S::mul(S::set1(weights[i]), S::load_n(rows[i] + c, live)));
-    S::store_n(out + c, acc, live);
-  }
+  tk::kernels::weighted_sum_columns<tk::kernels::SimdOf<I>>(rows, weights, n, 0, cols, out, nullptr,
+                                                            [](int64_t) {});
 }
 
 template <tile::Isa I>

@@ -92,49 +92,77 @@ DSK_TK_INLINE void store_values(O* p, typename S::F lo, typename S::F hi) {
   }
 }
 
-// Columns [c, c + 32 * kBlocks) of a token: 2 * kBlocks accumulators, each a chain of live
-// dependent adds (the fixed order), so that enough independent chains are in flight to hide the
-// adds' latency: hot, one thread, 16 columns at a time took 0.31 ns per output value, 64 at a time
-// 0.235 and 128 at a time 0.21 (bf16, top-8, 2048 columns). bf16 rows go in pairs (even and odd
-// columns; one operation per 16 values to widen instead of two), their sums re-interleaved as
-// they are stored.
+}  // namespace reduce_detail
+
+// out[c, c + 32 * kBlocks) = (0 + x_0 * scale[0] + .. + x_(n-1) * scale[n-1]) [* *post_scale],
+// x_j the row rows[j] from column c, every product and sum rounded once in that order (no FMA).
+// 2 * kBlocks accumulators, each a chain of n dependent adds (the fixed order), so that enough
+// independent chains are in flight to hide the adds' latency: hot, one thread, 16 columns at a
+// time took 0.31 ns per output value, 64 at a time 0.235 and 128 at a time 0.21 (reduce_fused,
+// bf16, top-8, 2048 columns). bf16 rows go in pairs (even and odd columns; one operation per 16
+// values to widen instead of two), their sums re-interleaved as they are stored.
 template <class S, int kBlocks, class X, class O>
-DSK_TK_INLINE void sum_columns(const ReduceArgs& a, const X* const* rows, const float* scale,
-                               int live, int64_t c, O* out) {
+DSK_TK_INLINE void weighted_sum_block(const X* const* rows, const float* scale, int n, int64_t c,
+                                      O* out, const float* post_scale) {
   constexpr bool kPairs = std::is_same_v<X, bf16>;
   typename S::F acc[2 * kBlocks];
   for (auto& v : acc) v = S::zero();
-  for (int j = 0; j < live; ++j) {
+  for (int j = 0; j < n; ++j) {
     const auto s = S::set1(scale[j]);
     for (int k = 0; k < kBlocks; ++k) {
       typename S::F x0, x1;
       if constexpr (kPairs) {
         S::load_bf16_pairs(rows[j] + c + 32 * k, &x0, &x1);
       } else {
-        x0 = load_values<S>(rows[j] + c + 32 * k, 16);
-        x1 = load_values<S>(rows[j] + c + 32 * k + 16, 16);
+        x0 = reduce_detail::load_values<S>(rows[j] + c + 32 * k, 16);
+        x1 = reduce_detail::load_values<S>(rows[j] + c + 32 * k + 16, 16);
       }
       acc[2 * k] = S::add(acc[2 * k], S::mul(x0, s));
       acc[2 * k + 1] = S::add(acc[2 * k + 1], S::mul(x1, s));
     }
   }
-  if (a.has_sf)
-    for (auto& v : acc) v = S::mul(v, S::set1(a.sf));
+  if (post_scale != nullptr)
+    for (auto& v : acc) v = S::mul(v, S::set1(*post_scale));
   for (int k = 0; k < kBlocks; ++k) {
     if constexpr (kPairs)
       S::store_pairs(out + c + 32 * k, acc[2 * k], acc[2 * k + 1]);
     else
-      store_values<S>(out + c + 32 * k, acc[2 * k], acc[2 * k + 1]);
+      reduce_detail::store_values<S>(out + c + 32 * k, acc[2 * k], acc[2 * k + 1]);
   }
 }
 
-}  // namespace reduce_detail
+// The columns weighted_sum_columns sums at a time.
+inline constexpr int64_t kSumBlockColumns = 128;
+
+// weighted_sum_block over columns [c0, c1): kSumBlockColumns at a time, each block announced first
+// by on_block(c) (reduce_rows prefetches there), then 32 at a time, then the last 1 to 31 columns
+// 16 at a time (the same sums).
+template <class S, class X, class O, class OnBlock>
+DSK_TK_INLINE void weighted_sum_columns(const X* const* rows, const float* scale, int n, int64_t c0,
+                                        int64_t c1, O* out, const float* post_scale,
+                                        OnBlock on_block) {
+  int64_t c = c0;
+  for (; c + kSumBlockColumns <= c1; c += kSumBlockColumns) {
+    on_block(c);
+    weighted_sum_block<S, kSumBlockColumns / 32>(rows, scale, n, c, out, post_scale);
+  }
+  for (; c + 32 <= c1; c += 32) weighted_sum_block<S, 1>(rows, scale, n, c, out, post_scale);
+  for (; c < c1; c += 16) {
+    const int w = static_cast<int>(c1 - c < 16 ? c1 - c : 16);
+    auto acc = S::zero();
+    for (int j = 0; j < n; ++j)
+      acc = S::add(acc, S::mul(reduce_detail::load_values<S>(rows[j] + c, w), S::set1(scale[j])));
+    if (post_scale != nullptr) acc = S::mul(acc, S::set1(*post_scale));
+    reduce_detail::store_values<S>(out + c, acc, w);
+  }
+}
 
 // Tokens [t0, t1). X is float, bf16 or e4m3; O is float, bf16 or e4m3.
 template <tile::Isa I, class X, class O>
 void reduce_rows(const ReduceArgs& a, int64_t t0, int64_t t1) {
   using S = SimdOf<I>;
   const int64_t row_bytes = a.cols * static_cast<int64_t>(sizeof(X));
+  constexpr int64_t block_bytes = kSumBlockColumns * static_cast<int64_t>(sizeof(X));
   reduce_detail::Gathered<X> gathered[2];
   reduce_detail::gather(a, t0, gathered[0]);
   for (int64_t t = t0; t < t1; ++t) {
@@ -150,32 +178,20 @@ void reduce_rows(const ReduceArgs& a, int64_t t0, int64_t t1) {
     for (int j = 0; j < live; ++j)
       ahead[j] = reinterpret_cast<uintptr_t>(rows[j]) + kReducePrefetchBytes;
     O* out = static_cast<O*>(a.out) + t * a.out_stride;
-    // Columns [c0, c1), c0 a multiple of 128: 128 at a time (reduce_detail::sum_columns),
-    // prefetching the lines of each slot that lie kReducePrefetchBytes ahead of those read; then
-    // 32 at a time, and the last 1 to 31 columns 16 at a time.
+    // Columns [c0, c1), c0 a multiple of kSumBlockColumns, prefetching the lines of each slot
+    // that lie kReducePrefetchBytes ahead of each block.
     const auto columns = [&](int64_t c0, int64_t c1) {
-      int64_t c = c0;
-      for (; c + 128 <= c1; c += 128) {
-        for (int j = 0; j < live; ++j)
-          for (int64_t b = 0; b < 128 * static_cast<int64_t>(sizeof(X)); b += 64)
-            __builtin_prefetch(reinterpret_cast<const void*>(ahead[j] + c * sizeof(X) + b));
-        reduce_detail::sum_columns<S, 4>(a, rows, scale, live, c, out);
-      }
-      for (; c + 32 <= c1; c += 32) reduce_detail::sum_columns<S, 1>(a, rows, scale, live, c, out);
-      for (; c < c1; c += 16) {
-        const int n = static_cast<int>(c1 - c < 16 ? c1 - c : 16);
-        auto acc = S::zero();
-        for (int j = 0; j < live; ++j)
-          acc =
-              S::add(acc, S::mul(reduce_detail::load_values<S>(rows[j] + c, n), S::set1(scale[j])));
-        if (a.has_sf) acc = S::mul(acc, S::set1(a.sf));
-        reduce_detail::store_values<S>(out + c, acc, n);
-      }
+      weighted_sum_columns<S>(
+          rows, scale, live, c0, c1, out, a.has_sf ? &a.sf : nullptr, [&](int64_t c) {
+            for (int j = 0; j < live; ++j)
+              for (int64_t b = 0; b < block_bytes; b += 64)
+                __builtin_prefetch(reinterpret_cast<const void*>(ahead[j] + c * sizeof(X) + b));
+          });
     };
-    // The first 128 columns whose prefetch falls past the row's end.
-    const int64_t step_bytes = 128 * static_cast<int64_t>(sizeof(X));
+    // The first block whose prefetch falls past the row's end.
     const int64_t turn = std::clamp<int64_t>(
-        (row_bytes - kReducePrefetchBytes + step_bytes - 1) / step_bytes * 128, 0, a.cols);
+        (row_bytes - kReducePrefetchBytes + block_bytes - 1) / block_bytes * kSumBlockColumns, 0,
+        a.cols);
     columns(0, turn);
     for (int j = 0; j < live; ++j)
       ahead[j] = reinterpret_cast<uintptr_t>(j < next.live ? next.rows[j] : rows[j]) +
