@@ -305,7 +305,7 @@ TEST_P(Quant, CastBackDequantizesEveryLayout) {
 // ---- fused casts ----
 
 TEST_P(Quant, SwigluCastIsSwigluThenCast) {
-  // 200 = 3 * 64 + 8: the kernel's four-vector loop, then a partial vector.
+  // 200 = 128 + 4 * 16 + 8: the kernel's eight-vector step, four whole vectors, a partial one.
   for (int64_t hidden : {2048, 512, 128, 200})
     for (int64_t rows : {1, 7, 1024}) {
       const uint64_t seed = fresh_seed();
