@@ -261,6 +261,10 @@ struct LowLatencyDispatchArgs {
   bool round_scale = false;  // scales rounded up to powers of two (UE8M0 values, still f32)
   bool use_ue8m0 = false;    // with round_scale: scales packed 4 per int32 [E_local, R*Tmax, H/512]
   std::optional<Tensor> cumulative_local_expert_recv_stats{};  // i32 [E_local], += recv_count
+  // i64 [R]: += the nanoseconds this rank's receive waited for each source rank's rows (from the
+  // start of the receive, the call or the hook, to the arrival of that rank's last row; 0 for
+  // rows already there). A straggler shows up in its peers' entries. Upstream counts GPU cycles.
+  std::optional<Tensor> dispatch_wait_recv_cost_stats{};
   bool async_finish = false;      // rows move on the communication thread until event.wait()
   bool return_recv_hook = false;  // the call only sends; calling `hook` receives
 };
@@ -296,6 +300,9 @@ struct LowLatencyCombineArgs {
   bool async_finish = false;
   bool return_recv_hook = false;
   std::optional<Tensor> out{};  // bf16 [T, H] written in place of a buffer-owned result
+  // i64 [R]: += the nanoseconds this rank waited for each expert rank's rows, as the dispatch's
+  // dispatch_wait_recv_cost_stats.
+  std::optional<Tensor> combine_wait_recv_cost_stats{};
 };
 
 struct LowLatencyCombineResult {

@@ -175,6 +175,7 @@ void BufferImpl::complete_deferred(const char* fn) {
   deferred_ = nullptr;
   std::exception_ptr error;
   try {
+    op->wait_stats.start();  // the hook receives: what arrived before was not waited for
     drive(*op->exchange, timeout_s, fn);
   } catch (...) {
     error = std::current_exception();
@@ -221,6 +222,7 @@ void BufferImpl::execute(const std::shared_ptr<Operation>& op, bool async, const
   async = async && progress_thread;  // else the call moves the data; the event is done on return
   ++outstanding;
   try {
+    op->wait_stats.start();
     op->exchange = channel->start(op->spec, fn);
     if (!async || op->sized_by_headers) {
       drive(*op->exchange, timeout_s, fn, async);

@@ -2,6 +2,7 @@
 // and EventOverlap.
 #include <sched.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <thread>
@@ -144,6 +145,66 @@ int64_t ExchangeSpec::consecutive_rows(int peer, int64_t first, int64_t most) co
          direct_src(peer, first + n) == rows + static_cast<size_t>(n) * direct_row_bytes)
     ++n;
   return n;
+}
+
+RecvWaitStats::RecvWaitStats(const std::optional<Tensor>& stats, int num_ranks)
+    : stats_(stats),
+      received_(num_ranks, 0),
+      expected_(num_ranks, 0),
+      done_at_(num_ranks),
+      done_(num_ranks, false) {}
+
+void RecvWaitStats::track(ExchangeSpec& spec) {
+  if (!stats_) return;
+  // Each wrapper calls the operation's callback first, then counts what it was handed.
+  spec.on_headers = [this, &spec, inner = std::move(spec.on_headers)] {
+    if (inner) inner();
+    headers(spec.recv_records);
+  };
+  using Handed = std::function<void(int, int64_t, int64_t, const std::byte*)>;
+  for (Handed* callback : {&spec.unpack, &spec.hold, &spec.unpack_direct}) {
+    if (!*callback) continue;
+    *callback = [this, inner = std::move(*callback)](int peer, int64_t first, int64_t n,
+                                                     const std::byte* src) {
+      inner(peer, first, n, src);
+      arrived(peer, n);
+    };
+  }
+  if (spec.hold_rows)
+    spec.hold_rows = [this, inner = std::move(spec.hold_rows)](int peer, int64_t first, int64_t n,
+                                                               const std::byte* src,
+                                                               const std::byte* rows) {
+      inner(peer, first, n, src, rows);
+      arrived(peer, n);
+    };
+}
+
+void RecvWaitStats::start() {
+  start_ = Clock::now();
+}
+
+void RecvWaitStats::headers(const std::vector<int64_t>& recv_records) {
+  have_headers_ = true;
+  expected_ = recv_records;
+  for (size_t s = 0; s < done_.size(); ++s) arrived(static_cast<int>(s), 0);
+}
+
+void RecvWaitStats::arrived(int peer, int64_t n) {
+  received_[peer] += n;
+  if (!have_headers_ || done_[peer] || received_[peer] < expected_[peer]) return;
+  done_[peer] = true;
+  done_at_[peer] = Clock::now();
+}
+
+void RecvWaitStats::add_to_tensor() {
+  if (!stats_) return;
+  auto* out = stats_->data<int64_t>();
+  for (size_t s = 0; s < done_.size(); ++s) {
+    // Every rank's records arrived once the exchange ended; a rank whose last record came before
+    // the receive started (a late hook) was not waited for.
+    const auto waited = std::chrono::duration_cast<std::chrono::nanoseconds>(done_at_[s] - start_);
+    out[s] += std::max<int64_t>(0, waited.count());
+  }
 }
 
 void allgather(const CommImpl& comm, const void* in, void* out, size_t bytes, double timeout_s,

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -211,6 +212,34 @@ struct EventState {
   void complete(std::exception_ptr e);
 };
 
+// ---- Receive wait statistics (upstream's dispatch_ / combine_wait_recv_cost_stats) ----
+// Per source rank, how long this rank's receive waited for it: the nanoseconds from the start of
+// the receive (the call, or the receive hook) to the arrival of that rank's last record, or of its
+// header when it sent none. Records that were already there when the receive started count 0. A
+// rank that reaches the operation late shows up in its peers' entries. Added, when the operation
+// finishes, to an i64 [R] tensor the caller keeps across calls.
+class RecvWaitStats {
+ public:
+  RecvWaitStats() = default;
+  RecvWaitStats(const std::optional<Tensor>& stats, int num_ranks);
+  // Wraps spec's receive callbacks (on_headers, unpack, hold, hold_rows, unpack_direct) so that
+  // every record they are handed counts as arrived; call once the spec is complete. Nothing to do
+  // without a stats tensor.
+  void track(ExchangeSpec& spec);
+  void start();          // the receive begins
+  void add_to_tensor();  // the operation finished: add each rank's wait
+ private:
+  using Clock = std::chrono::steady_clock;
+  void arrived(int peer, int64_t n);
+  void headers(const std::vector<int64_t>& recv_records);
+  std::optional<Tensor> stats_;
+  Clock::time_point start_{};
+  bool have_headers_ = false;
+  std::vector<int64_t> received_, expected_;
+  std::vector<Clock::time_point> done_at_;
+  std::vector<bool> done_;
+};
+
 // One dispatch or combine: its exchange, and what runs once the exchange finished.
 struct Operation {
   virtual ~Operation() = default;
@@ -220,6 +249,7 @@ struct Operation {
   // Whether the outputs are sized by the peers' headers (dispatch), so an asynchronous call must
   // wait for them before it returns; a combine's outputs are known up front.
   bool sized_by_headers = true;
+  RecvWaitStats wait_stats;   // started by BufferImpl as the receive begins
   virtual void finish() = 0;  // zero the unwritten rows / reduce; may raise
 };
 

@@ -103,6 +103,7 @@ struct LowLatencyDispatchOp final : Operation {
   void on_headers();
   void unpack(int s, int64_t first, int64_t n, const std::byte* src);
   void finish() override {
+    wait_stats.add_to_tensor();
     if (!stats) return;
     for (int e = 0; e < plan->num_local_experts; ++e) stats->data<int32_t>()[e] += recv_count[e];
   }
@@ -178,6 +179,15 @@ void LowLatencyDispatchOp::unpack(int s, int64_t first, int64_t n, const std::by
   }
 }
 
+// A wait-statistics tensor: i64 [R], contiguous.
+void check_wait_stats(const BufferImpl& b, const char* fn, const char* name,
+                      const std::optional<Tensor>& stats) {
+  if (!stats) return;
+  check::dtype(fn, name, *stats, DType::i64);
+  check::shape(fn, name, *stats, {b.num_ranks});
+  check::contiguous(fn, name, *stats);
+}
+
 void check_dispatch(const BufferImpl& b, const Tensor& x, const Tensor& topk_idx, int64_t tmax,
                     int num_experts, const LowLatencyDispatchArgs& a) {
   check::dim(kDispatch, "x", x, 2);
@@ -206,6 +216,7 @@ void check_dispatch(const BufferImpl& b, const Tensor& x, const Tensor& topk_idx
                 "a hidden size that is a multiple of 512 with use_ue8m0 (4 scales per int32)", H);
   DSK_CHECK_ARG(!(a.async_finish && a.return_recv_hook), kDispatch, "async_finish",
                 "false with return_recv_hook (the hook receives)", "both true");
+  check_wait_stats(b, kDispatch, "dispatch_wait_recv_cost_stats", a.dispatch_wait_recv_cost_stats);
   if (a.cumulative_local_expert_recv_stats) {
     check::dtype(kDispatch, "cumulative_local_expert_recv_stats",
                  *a.cumulative_local_expert_recv_stats, DType::i32);
@@ -361,6 +372,8 @@ LowLatencyDispatchResult run_low_latency_dispatch(BufferImpl& b, const Tensor& x
   spec.unpack = [self](int s, int64_t first, int64_t n, const std::byte* src) {
     self->unpack(s, first, n, src);
   };
+  op->wait_stats = RecvWaitStats(a.dispatch_wait_recv_cost_stats, R);
+  op->wait_stats.track(spec);
 
   out.handle.num_max_dispatch_tokens_per_rank = tmax;
   out.handle.hidden = H;
@@ -464,6 +477,7 @@ int64_t LowLatencyCombineOp::release_upto(int r) {
 }
 
 void LowLatencyCombineOp::finish() {
+  wait_stats.add_to_tensor();
   if (held) {
     DSK_CHECK(next_token == plan->num_tokens, kCombine, "internal: a token's rows never arrived");
     return;
@@ -508,6 +522,7 @@ void check_combine(const BufferImpl& b, const Tensor& x, const Tensor& topk_idx,
   check::dtype(kCombine, "topk_weights", topk_weights, DType::f32);
   check::shape(kCombine, "topk_weights", topk_weights, {T, K});
   check::contiguous(kCombine, "topk_weights", topk_weights);
+  check_wait_stats(b, kCombine, "combine_wait_recv_cost_stats", a.combine_wait_recv_cost_stats);
   if (a.out) {
     check::dtype(kCombine, "out", *a.out, DType::bf16);
     check::shape(kCombine, "out", *a.out, {T, plan.hidden});
@@ -650,6 +665,8 @@ LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
       self->staged.unpack(r, first, n, src);
     };
   }
+  op->wait_stats = RecvWaitStats(a.combine_wait_recv_cost_stats, R);
+  op->wait_stats.track(spec);
   attach_completion(b, op, a.return_recv_hook, a.async_finish, kCombine, out);
   return out;
 }

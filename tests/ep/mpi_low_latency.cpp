@@ -2,11 +2,14 @@
 // against a plain reference: every rank gathers every rank's tokens and routing, and recomputes
 // each local expert's rows (source ranks ascending, each in token order), counts, layout ranges
 // and source indices, the FP8 casts, and the weighted combine (bitwise, in top-k order). Also -1
-// ids, the receive hook, async completion, the two-results rule and bad inputs; the LogFMT-10
-// combine (bitwise against the codec, within upstream's tolerance of the plain one) and the
-// zero-copy combine (bitwise equal to the copying one). Instantiated with the other EpTest cases
-// (mpi_ep.cpp), so every test runs on every transport.
+// ids, the receive hook, async completion, the two-results rule, the wait statistics and bad
+// inputs; the LogFMT-10 combine (bitwise against the codec, within upstream's tolerance of the
+// plain one) and the zero-copy combine (bitwise equal to the copying one). Instantiated with the
+// other EpTest cases (mpi_ep.cpp), so every test runs on every transport.
 #include "ep/mpi_ep_test.hpp"
+
+#include <chrono>
+#include <thread>
 
 #include <dsk/ref.hpp>
 #include <dsk/tk.hpp>
@@ -360,7 +363,92 @@ TEST_P(EpTest, LowLatencyBadInputsRaise) {
   EXPECT_THROW(buffer->low_latency_combine(d.recv_x.slice(1, 0, kTmax).contiguous(), tk.topk,
                                            tk.weights, d.handle),
                Error);
+  // Wait statistics are i64 [R].
+  EXPECT_THROW(
+      buffer->low_latency_dispatch(
+          tk.x, tk.topk, kTmax, E(),
+          {.use_fp8 = false, .dispatch_wait_recv_cost_stats = Tensor::zeros({R()}, DType::i32)}),
+      Error);
+  EXPECT_THROW(buffer->low_latency_dispatch(
+                   tk.x, tk.topk, kTmax, E(),
+                   {.use_fp8 = false,
+                    .dispatch_wait_recv_cost_stats = Tensor::zeros({R() + 1}, DType::i64)}),
+               Error);
+  EXPECT_THROW(buffer->low_latency_combine(
+                   d.recv_x, tk.topk, tk.weights, d.handle,
+                   {.combine_wait_recv_cost_stats = Tensor::zeros({1, R()}, DType::i64)}),
+               Error);
   EXPECT_TRUE(buffer->is_available());
+}
+
+// dispatch_ / combine_wait_recv_cost_stats: a rank that enters the operation late is the one its
+// peers waited for, by about its delay, and it waits for no one that long itself; the entries
+// accumulate over calls.
+TEST_P(EpTest, LowLatencyWaitStatsNameTheLateRank) {
+  auto buffer = make_buffer();
+  const Tokens tk = make_tokens();
+  const int late = R() - 1;
+  constexpr int64_t kDelayNs = 300'000'000;
+  const auto arrive = [&] {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (me() == late) std::this_thread::sleep_for(std::chrono::nanoseconds(kDelayNs));
+  };
+  Tensor dispatch_wait = Tensor::zeros({R()}, DType::i64);
+  Tensor combine_wait = Tensor::zeros({R()}, DType::i64);
+  arrive();
+  const LowLatencyDispatchResult d = buffer->low_latency_dispatch(
+      tk.x, tk.topk, kTmax, E(),
+      {.use_fp8 = false, .dispatch_wait_recv_cost_stats = dispatch_wait});
+  arrive();
+  buffer->low_latency_combine(d.recv_x, tk.topk, tk.weights, d.handle,
+                              {.out = Tensor::empty({tk.T, kHidden}, DType::bf16),
+                               .combine_wait_recv_cost_stats = combine_wait});
+  for (const Tensor* waited : {&dispatch_wait, &combine_wait}) {
+    const int64_t* ns = waited->data<int64_t>();
+    for (int s = 0; s < R(); ++s) {
+      EXPECT_GE(ns[s], 0) << s;
+      // The late rank found its peers waiting (on transports that move records in rounds, such
+      // as the small one-sided one, its peers' own rows also wait for it, so they are not
+      // compared with it).
+      if (me() == late) {
+        EXPECT_LT(ns[s], kDelayNs / 2) << s;
+      }
+    }
+    // The barrier's exits are not simultaneous: half the delay at least.
+    if (me() != late) {
+      EXPECT_GE(ns[late], kDelayNs / 2);
+    }
+  }
+  const std::vector<int64_t> before(dispatch_wait.data<int64_t>(),
+                                    dispatch_wait.data<int64_t>() + R());
+  arrive();
+  buffer->low_latency_dispatch(tk.x, tk.topk, kTmax, E(),
+                               {.use_fp8 = false, .dispatch_wait_recv_cost_stats = dispatch_wait});
+  for (int s = 0; s < R(); ++s) {
+    EXPECT_GE(dispatch_wait.data<int64_t>()[s], before[s]) << s;
+    if (me() != late && s == late) {
+      EXPECT_GE(dispatch_wait.data<int64_t>()[s] - before[s], kDelayNs / 2);
+    }
+  }
+}
+
+// With the receive hook the wait starts when the hook is called: rows that arrived while the
+// caller computed were not waited for.
+TEST_P(EpTest, LowLatencyWaitStatsStartAtTheHook) {
+  auto buffer = make_buffer();
+  const Tokens tk = make_tokens();
+  constexpr int64_t kComputeNs = 300'000'000;
+  Tensor waited = Tensor::zeros({R()}, DType::i64);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const LowLatencyDispatchResult d = buffer->low_latency_dispatch(
+      tk.x, tk.topk, kTmax, E(),
+      {.use_fp8 = false, .dispatch_wait_recv_cost_stats = waited, .return_recv_hook = true});
+  std::this_thread::sleep_for(std::chrono::nanoseconds(kComputeNs));
+  d.hook();
+  for (int s = 0; s < R(); ++s) {
+    EXPECT_GE(waited.data<int64_t>()[s], 0) << s;
+    EXPECT_LT(waited.data<int64_t>()[s], kComputeNs / 2) << s;
+  }
 }
 
 // Ranks that disagree on num_max_dispatch_tokens_per_rank fail together.
