@@ -263,7 +263,8 @@ struct LowLatencyDispatchArgs {
   std::optional<Tensor> cumulative_local_expert_recv_stats{};  // i32 [E_local], += recv_count
   // i64 [R]: += the nanoseconds this rank's receive waited for each source rank's rows (from the
   // start of the receive, the call or the hook, to the arrival of that rank's last row; 0 for
-  // rows already there). A straggler shows up in its peers' entries. Upstream counts GPU cycles.
+  // rows already there), written when the operation completes (the call, its event or its
+  // hook). A straggler shows up in its peers' entries. Upstream counts GPU cycles.
   std::optional<Tensor> dispatch_wait_recv_cost_stats{};
   bool async_finish = false;      // rows move on the communication thread until event.wait()
   bool return_recv_hook = false;  // the call only sends; calling `hook` receives
