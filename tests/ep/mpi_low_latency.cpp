@@ -405,14 +405,11 @@ TEST_P(EpTest, LowLatencyWaitStatsNameTheLateRank) {
                                .combine_wait_recv_cost_stats = combine_wait});
   for (const Tensor* waited : {&dispatch_wait, &combine_wait}) {
     const int64_t* ns = waited->data<int64_t>();
-    for (int s = 0; s < R(); ++s) {
-      EXPECT_GE(ns[s], 0) << s;
-      // The late rank found its peers waiting (on transports that move records in rounds, such
-      // as the small one-sided one, its peers' own rows also wait for it, so they are not
-      // compared with it).
-      if (me() == late) {
-        EXPECT_LT(ns[s], kDelayNs / 2) << s;
-      }
+    // The late rank found its peers waiting (on transports that move records in rounds, such as
+    // the small one-sided one, its peers' own rows also wait for it, so they are not compared
+    // with it).
+    if (me() == late) {
+      for (int s = 0; s < R(); ++s) EXPECT_LT(ns[s], kDelayNs / 2) << s;
     }
     // The barrier's exits are not simultaneous: half the delay at least.
     if (me() != late) {
@@ -445,10 +442,7 @@ TEST_P(EpTest, LowLatencyWaitStatsStartAtTheHook) {
       {.use_fp8 = false, .dispatch_wait_recv_cost_stats = waited, .return_recv_hook = true});
   std::this_thread::sleep_for(std::chrono::nanoseconds(kComputeNs));
   d.hook();
-  for (int s = 0; s < R(); ++s) {
-    EXPECT_GE(waited.data<int64_t>()[s], 0) << s;
-    EXPECT_LT(waited.data<int64_t>()[s], kComputeNs / 2) << s;
-  }
+  for (int s = 0; s < R(); ++s) EXPECT_LT(waited.data<int64_t>()[s], kComputeNs / 2) << s;
 }
 
 // Ranks that disagree on num_max_dispatch_tokens_per_rank fail together.
