@@ -148,6 +148,10 @@ struct BufferConfig {
   Transport transport = Transport::automatic;
   double timeout_s = 0;             // 0: DSK_EP_TIMEOUT_S (default 300)
   bool explicitly_destroy = false;  // when true, the owner must call destroy()
+  // Shrink mode (upstream enable_shrink; the shared-memory transport only): low-latency dispatch
+  // and combine leave masked ranks out, and a rank such an exchange waits for past timeout_s is
+  // masked instead of failing the call. See Buffer::low_latency_update_mask_buffer.
+  bool enable_shrink = false;
 };
 
 // ---- Layout ----
@@ -389,6 +393,23 @@ class Buffer {
                                               const Tensor& topk_weights,
                                               const LowLatencyHandle& handle,
                                               const LowLatencyCombineArgs& args = {});
+
+  // ---- Shrink mode (BufferConfig::enable_shrink; local calls, no communication) ----
+  // A masked rank takes no part in this rank's low-latency dispatches and combines: nothing is
+  // sent to it or expected from it. Its tokens are not received (recv_count and layout_range
+  // count the unmasked sources only), and the top-k slots of experts it holds add nothing to a
+  // combined token (as if their ids were -1). A low-latency exchange that waits past timeout_s
+  // for a rank (it stopped, died or hung) masks it and completes without it, instead of raising;
+  // a rank that stopped sending is masked at the first timeout, one that only stopped taking
+  // what this rank sends at the second. Ranks should agree on the masks: set them alike on every
+  // active rank, between calls. A rank masked after a timeout can be unmasked only after a
+  // resize(). Normal-mode dispatch and combine ignore the masks.
+  // mask = true masks rank_to_mask (not this rank), false unmasks it.
+  void low_latency_update_mask_buffer(int rank_to_mask, bool mask = false);
+  // mask_status: i32 [R], set to 1 for each masked rank and 0 for the others.
+  void low_latency_query_mask_buffer(const Tensor& mask_status) const;
+  // Unmasks every rank (raising, and changing nothing, if one was masked after a timeout).
+  void low_latency_clean_mask_buffer();
 
  private:
   std::unique_ptr<detail::BufferImpl> impl_;

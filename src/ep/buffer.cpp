@@ -28,7 +28,7 @@ struct Agreement {
   int32_t use_fp8_dispatch;
   int32_t transport;
   int32_t allow_multiple_reduction;  // the combine's record format depends on it
-  int32_t reserved;                  // 0: no padding bytes, so memcmp compares values only
+  int32_t enable_shrink;  // also makes the struct free of padding, so memcmp compares values
 };
 static_assert(sizeof(Agreement) == 3 * 8 + 6 * 4, "Agreement must have no padding");
 
@@ -39,7 +39,8 @@ std::string describe(const Agreement& a) {
          " num_experts=" + std::to_string(a.num_experts) +
          " use_fp8_dispatch=" + std::to_string(a.use_fp8_dispatch) +
          " transport=" + transport_name(static_cast<Transport>(a.transport)) +
-         " allow_multiple_reduction=" + std::to_string(a.allow_multiple_reduction);
+         " allow_multiple_reduction=" + std::to_string(a.allow_multiple_reduction) +
+         " enable_shrink=" + std::to_string(a.enable_shrink);
 }
 
 // Identical on every rank (it reads only the gathered values), so all ranks raise together.
@@ -176,7 +177,7 @@ void BufferImpl::complete_deferred(const char* fn) {
   std::exception_ptr error;
   try {
     op->wait_stats.start();  // the hook receives: what arrived before was not waited for
-    drive(*op->exchange, timeout_s, fn);
+    drive_op(*op, fn);
   } catch (...) {
     error = std::current_exception();
     broken = true;
@@ -225,7 +226,7 @@ void BufferImpl::execute(const std::shared_ptr<Operation>& op, bool async, const
     op->wait_stats.start();
     op->exchange = channel->start(op->spec, fn);
     if (!async || op->sized_by_headers) {
-      drive(*op->exchange, timeout_s, fn, async);
+      drive_op(*op, fn, async);
     } else {
       op->exchange->poll();  // post what can go now; the communication thread does the rest
     }
@@ -249,6 +250,45 @@ void BufferImpl::execute(const std::shared_ptr<Operation>& op, bool async, const
   op->finish();
 }
 
+std::vector<int> BufferImpl::masks() const {
+  std::lock_guard<std::mutex> lock(mask_mutex_);
+  return mask_.empty() ? std::vector<int>(static_cast<size_t>(num_ranks), 0) : mask_;
+}
+
+void BufferImpl::set_mask(int peer, int value) {
+  std::lock_guard<std::mutex> lock(mask_mutex_);
+  if (mask_.empty()) mask_.assign(static_cast<size_t>(num_ranks), 0);
+  mask_[static_cast<size_t>(peer)] = value;
+}
+
+// NOTES: a peer that stopped sending is left out at the first timeout; one that only stopped
+// taking what this rank sends may itself wait for a third rank that stalled, so it is left out
+// only if the exchange is still stuck one more timeout later (by then that rank's own wait
+// has left the stalled one out, and it takes again). Upstream masks whichever rank a wait timed
+// out on.
+void BufferImpl::drive_op(Operation& op, const char* fn, bool until_headers) {
+  if (!op.shrink) return drive(*op.exchange, timeout_s, fn, until_headers);
+  Exchange& exchange = *op.exchange;
+  bool receive_stalls_cleared = false;
+  const auto leave_out_stalled = [&] {
+    std::vector<int> peers = exchange.stalled_peers(false);
+    if (peers.empty()) {
+      if (!receive_stalls_cleared) {
+        receive_stalls_cleared = true;  // give the peers one more timeout first
+        return true;
+      }
+      peers = exchange.stalled_peers(true);
+    }
+    if (peers.empty()) return false;
+    for (int p : peers) {
+      exchange.drop(p);
+      set_mask(p, 2);
+    }
+    return true;
+  };
+  drive(exchange, timeout_s, fn, until_headers, leave_out_stalled);
+}
+
 void BufferImpl::progress_loop() {
   for (;;) {
     std::shared_ptr<Operation> op;
@@ -260,7 +300,7 @@ void BufferImpl::progress_loop() {
     }
     std::exception_ptr error;
     try {
-      drive(*op->exchange, timeout_s, "ep (communication thread)");
+      drive_op(*op, "ep (communication thread)");
     } catch (...) {
       error = std::current_exception();
       broken = true;
@@ -324,7 +364,7 @@ Buffer::Buffer(const Communicator& comm, const BufferConfig& config)
                                config.use_fp8_dispatch ? 1 : 0,
                                static_cast<int32_t>(config.transport),
                                config.allow_multiple_reduction ? 1 : 0,
-                               0};
+                               config.enable_shrink ? 1 : 0};
   std::vector<detail::Agreement> all(b.num_ranks);
   detail::allgather(comm.impl(), &mine, all.data(), sizeof mine, b.timeout_s, "ep::Buffer");
   detail::check_agreement(all);
@@ -341,6 +381,12 @@ Buffer::Buffer(const Communicator& comm, const BufferConfig& config)
                     : get_buffer_size_hint(b.num_ranks, config.num_max_tokens_per_rank,
                                            config.hidden, config.num_topk, config.use_fp8_dispatch);
   if (b.transport == Transport::mpi) b.transport = detail::kDefaultMpiTransport;
+  // NOTES: shrink mode needs a transport that can leave a rank out: an MPI collective cannot, and
+  // Open MPI without ULFM ends the whole job when a rank dies. The transport is the same on
+  // every rank (agreed above, and single_host is a property of the group), so all raise alike.
+  DSK_CHECK_ARG(!config.enable_shrink || b.transport == Transport::shared_memory, "ep::Buffer",
+                "enable_shrink", "the shared-memory transport (ranks on one host)",
+                std::string("transport ") + transport_name(b.transport));
   b.channel =
       detail::make_channel(b.transport, comm.impl(), b.num_bytes,
                            detail::shared_output_block_bytes(b.config, b.num_ranks), b.timeout_s);
@@ -397,6 +443,10 @@ void Buffer::resize(int64_t num_bytes) {
       detail::make_channel(b.transport, b.comm.impl(), num_bytes,
                            detail::shared_output_block_bytes(b.config, b.num_ranks), b.timeout_s);
   b.broken = false;  // a fresh channel: no exchange is left half done
+  // Every pair starts over, so ranks masked after a timeout may be unmasked now.
+  std::vector<int> masks = b.masks();
+  for (int r = 0; r < b.num_ranks; ++r)
+    if (masks[r] == 2) b.set_mask(r, 1);
 }
 
 bool Buffer::is_available() const {
@@ -463,6 +513,65 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const Tensor& x, const Ten
                                                       const LowLatencyDispatchArgs& args) {
   return detail::run_low_latency_dispatch(*impl_, x, topk_idx, num_max_dispatch_tokens_per_rank,
                                           num_experts, args);
+}
+
+namespace {
+constexpr const char* kUpdateMask = "ep::Buffer::low_latency_update_mask_buffer";
+constexpr const char* kQueryMask = "ep::Buffer::low_latency_query_mask_buffer";
+constexpr const char* kCleanMask = "ep::Buffer::low_latency_clean_mask_buffer";
+
+void check_shrink(const detail::BufferImpl& b, const char* fn) {
+  DSK_CHECK(!b.destroyed, fn, "the buffer was destroyed");
+  DSK_CHECK_ARG(b.config.enable_shrink, fn, "the buffer",
+                "one built with BufferConfig::enable_shrink = true", "enable_shrink = false");
+}
+
+// A rank masked after a timeout keeps its channel state unknown until a resize.
+void check_unmaskable(const char* fn, int r, int mask) {
+  DSK_CHECK(
+      mask != 2, fn,
+      "rank " + std::to_string(r) +
+          " was masked after a low-latency exchange waited for it past the timeout; its "
+          "channel state is unknown, so it can be unmasked only after a resize() (collective, "
+          "with that rank) or in a new buffer");
+}
+}  // namespace
+
+void Buffer::low_latency_update_mask_buffer(int rank_to_mask, bool mask) {
+  detail::BufferImpl& b = *impl_;
+  check_shrink(b, kUpdateMask);
+  check::in_range(kUpdateMask, "rank_to_mask", rank_to_mask, 0, b.num_ranks - 1);
+  DSK_CHECK_ARG(!mask || rank_to_mask != b.rank, kUpdateMask, "rank_to_mask",
+                "another rank than this one (a rank cannot mask itself)", rank_to_mask);
+  b.complete_deferred(kUpdateMask);  // a hooked receive runs with the masks it started with
+  b.wait_idle();
+  const int current = b.masks()[rank_to_mask];
+  if (mask) {
+    if (current == 0) b.set_mask(rank_to_mask, 1);
+    return;
+  }
+  check_unmaskable(kUpdateMask, rank_to_mask, current);
+  b.set_mask(rank_to_mask, 0);
+}
+
+void Buffer::low_latency_query_mask_buffer(const Tensor& mask_status) const {
+  const detail::BufferImpl& b = *impl_;
+  check_shrink(b, kQueryMask);
+  check::dtype(kQueryMask, "mask_status", mask_status, DType::i32);
+  check::shape(kQueryMask, "mask_status", mask_status, {b.num_ranks});
+  check::contiguous(kQueryMask, "mask_status", mask_status);
+  const std::vector<int> masks = b.masks();
+  for (int r = 0; r < b.num_ranks; ++r) mask_status.data<int32_t>()[r] = masks[r] != 0 ? 1 : 0;
+}
+
+void Buffer::low_latency_clean_mask_buffer() {
+  detail::BufferImpl& b = *impl_;
+  check_shrink(b, kCleanMask);
+  b.complete_deferred(kCleanMask);
+  b.wait_idle();
+  const std::vector<int> masks = b.masks();
+  for (int r = 0; r < b.num_ranks; ++r) check_unmaskable(kCleanMask, r, masks[r]);
+  for (int r = 0; r < b.num_ranks; ++r) b.set_mask(r, 0);
 }
 
 Tensor Buffer::get_next_low_latency_combine_buffer(const LowLatencyHandle& handle) {

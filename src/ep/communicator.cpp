@@ -110,6 +110,10 @@ void Waiter::pause() {
                       what_ + " (a peer rank died or stalled; DSK_EP_TIMEOUT_S sets the limit)");
 }
 
+bool Waiter::expired() const {
+  return std::chrono::duration<double>(Clock::now() - since_).count() > timeout_s_;
+}
+
 void wait_request(MPI_Request& request, double timeout_s, const char* fn, const char* what) {
   Waiter waiter(timeout_s, fn, what);
   for (;;) {
@@ -120,12 +124,15 @@ void wait_request(MPI_Request& request, double timeout_s, const char* fn, const 
   }
 }
 
-void drive(Exchange& exchange, double timeout_s, const char* fn, bool until_headers) {
+void drive(Exchange& exchange, double timeout_s, const char* fn, bool until_headers,
+           const std::function<bool()>& on_timeout) {
   Waiter waiter(timeout_s, fn, "peer ranks in an exchange");
   for (;;) {
     const bool done = exchange.poll();
     if (done || (until_headers && exchange.has_headers())) return;
     if (exchange.moved()) {
+      waiter.progressed();
+    } else if (on_timeout && waiter.expired() && on_timeout()) {
       waiter.progressed();
     } else {
       waiter.pause();
@@ -200,9 +207,11 @@ void RecvWaitStats::add_to_tensor() {
   if (!stats_) return;
   auto* out = stats_->data<int64_t>();
   for (size_t s = 0; s < done_.size(); ++s) {
-    // Every rank's records arrived once the exchange ended; a rank whose last record came before
-    // the receive started (a late hook) was not waited for.
-    const auto waited = std::chrono::duration_cast<std::chrono::nanoseconds>(done_at_[s] - start_);
+    // Every rank's records arrived once the exchange ended, except from a rank that shrink mode
+    // dropped after a timeout (waited for until now); a rank whose last record came before the
+    // receive started (a late hook) was not waited for.
+    const Clock::time_point end = done_[s] ? done_at_[s] : Clock::now();
+    const auto waited = std::chrono::duration_cast<std::chrono::nanoseconds>(end - start_);
     out[s] += std::max<int64_t>(0, waited.count());
   }
 }

@@ -59,8 +59,9 @@ bool progress_thread_wanted();
 class Waiter {
  public:
   Waiter(double timeout_s, const char* fn, const char* what);
-  void progressed();  // something moved: restart the back-off and the deadline
-  void pause();       // nothing moved: back off; raises on timeout
+  void progressed();     // something moved: restart the back-off and the deadline
+  void pause();          // nothing moved: back off; raises on timeout
+  bool expired() const;  // timeout_s passed without progress
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -137,6 +138,15 @@ struct ExchangeSpec {
   int64_t consecutive_rows(int peer, int64_t first, int64_t most) const;
   // Bytes of a record without its row (direct rows).
   size_t tail_bytes() const { return record_bytes - direct_row_bytes; }
+
+  // Shrink mode (low-latency operations on channels that can leave peers out): masked[p] != 0
+  // leaves peer p out of the exchange, no header or record to or from it (empty: nobody). The
+  // operation counts 0 records from p in on_headers. A peer dropped while the exchange runs (it
+  // stalled past the timeout) is added here and reported to on_drop, with whether its header had
+  // arrived (its records may then be partly received).
+  std::vector<char> masked;
+  std::function<void(int peer, bool after_headers)> on_drop;
+  bool is_masked(int p) const { return !masked.empty() && masked[p] != 0; }
 };
 
 // One exchange in flight. poll() moves whatever is ready without blocking and returns true once
@@ -147,6 +157,11 @@ class Exchange {
   virtual bool poll() = 0;
   virtual bool has_headers() const = 0;  // every header arrived (outputs are allocated)
   virtual bool moved() const = 0;        // the last poll() moved something
+  // Shrink mode, on channels that support it (Channel::can_leave_out_peers): the peers the
+  // exchange still waits for, those it receives from and, with `sending`, those that do not take
+  // what it sends; and leaving one of them out of the rest of the exchange.
+  virtual std::vector<int> stalled_peers(bool /*sending*/) const { return {}; }
+  virtual void drop(int /*peer*/) {}
 };
 
 class Channel {
@@ -169,11 +184,15 @@ class Channel {
   virtual Tensor shared_output(const Shape& /*shape*/, DType /*dtype*/) { return {}; }
   // The bytes reserved for shared outputs.
   virtual size_t shared_output_bytes() const { return 0; }
+  // Whether exchanges honour ExchangeSpec::masked and Exchange::drop (shrink mode).
+  virtual bool can_leave_out_peers() const { return false; }
 };
 
 // Polls `exchange` until it finished (or, with until_headers, until every header arrived),
-// backing off while nothing moves; raises dsk::Error after timeout_s without progress.
-void drive(Exchange& exchange, double timeout_s, const char* fn, bool until_headers = false);
+// backing off while nothing moves; raises dsk::Error after timeout_s without progress, unless
+// `on_timeout` is given and returns true (it left the stalled peers out): the wait then restarts.
+void drive(Exchange& exchange, double timeout_s, const char* fn, bool until_headers = false,
+           const std::function<bool()>& on_timeout = {});
 
 // Layout constants of the shared-memory buffer, shared with get_buffer_size_hint.
 inline constexpr int kMaxLocalExperts = 1024;
@@ -250,6 +269,7 @@ struct Operation {
   // wait for them before it returns; a combine's outputs are known up front.
   bool sized_by_headers = true;
   RecvWaitStats wait_stats;   // started by BufferImpl as the receive begins
+  bool shrink = false;        // a low-latency operation of a shrink-mode buffer
   virtual void finish() = 0;  // zero the unwritten rows / reduce; may raise
 };
 
@@ -282,6 +302,10 @@ struct LowLatencyPlan {
   int64_t tmax = 0;  // num_max_dispatch_tokens_per_rank
   int64_t hidden = 0;
   std::vector<int32_t> topk;  // [T*K] global expert ids or -1
+  // Shrink mode: the ranks this dispatch left out (masked, or dropped after a timeout); empty
+  // when none. Their experts' slots were not sent, and nothing of theirs was received.
+  std::vector<char> left_out;
+  bool is_left_out(int r) const { return !left_out.empty() && left_out[r] != 0; }
   // The combine streams every owner's rows back in the owner's token order, each token's slots in
   // top-k order, so the owner can sum a token as soon as its rows arrived.
   // Owner side: per expert rank r, the slots t*K+k whose rows r sends back, in that order.
@@ -365,6 +389,16 @@ struct BufferImpl {
   // An uninitialised tensor whose memory is reused from earlier calls once nothing references it.
   Tensor pooled(const Shape& shape, DType dtype);
 
+  // Shrink mode (BufferConfig::enable_shrink, low-latency operations only): per rank, 0 active,
+  // 1 masked by update_mask, 2 masked because an exchange waited for it past the timeout (its
+  // channel state is then unknown, so it cannot be unmasked until a resize). Written by the
+  // caller's thread and by the communication thread, hence the mutex.
+  std::vector<int> masks() const;
+  void set_mask(int peer, int value);
+  // Runs op's exchange to its end (or its headers); in shrink mode a timeout leaves the stalled
+  // peers out and masks them instead of raising.
+  void drive_op(Operation& op, const char* fn, bool until_headers = false);
+
   // zero_copy low-latency combine: two buffer-owned bf16 [E_local, R*Tmax, H] tensors, taken in
   // turn (upstream's odd/even send buffers), so the experts can fill the next one while a combine
   // still sends from the other. get_next_low_latency_combine_buffer hands out
@@ -395,6 +429,9 @@ struct BufferImpl {
   };
   std::mutex pool_mutex_;
   std::vector<Block> pool_;
+
+  mutable std::mutex mask_mutex_;
+  std::vector<int> mask_;
 
   std::shared_ptr<Operation> deferred_;
   Block low_latency_blocks_[2];

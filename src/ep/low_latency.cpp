@@ -50,6 +50,23 @@ void fill_headers(ExchangeSpec& spec, const Signature& sig, int R, int64_t T,
   spec.send_records = records;
 }
 
+// Shrink mode: the ranks masked now, as ExchangeSpec::masked (empty when none, or when the buffer
+// is not in shrink mode).
+std::vector<char> masked_ranks(const BufferImpl& b) {
+  if (!b.config.enable_shrink) return {};
+  const std::vector<int> masks = b.masks();
+  std::vector<char> out(masks.size(), 0);
+  bool any = false;
+  for (size_t r = 0; r < masks.size(); ++r) any |= (out[r] = masks[r] != 0 ? 1 : 0) != 0;
+  return any ? out : std::vector<char>{};
+}
+
+// Marks rank p in a left-out list of R ranks (allocated on first use).
+void mark_left_out(std::vector<char>& left_out, int R, int p) {
+  if (left_out.empty()) left_out.assign(static_cast<size_t>(R), 0);
+  left_out[p] = 1;
+}
+
 void init_spec(ExchangeSpec& spec, int R, int El, size_t record_bytes) {
   spec.header_bytes = header_bytes(R, El);
   spec.send_headers.assign(spec.header_bytes * R, std::byte{0});
@@ -98,12 +115,16 @@ struct LowLatencyDispatchOp final : Operation {
   int32_t* recv_count = nullptr;
   std::vector<int64_t> cursor;  // [El*R] next row per (expert, source)
   std::optional<Tensor> stats;
+  bool partial_sources = false;  // shrink mode dropped a source whose records may be in part here
+
+  void drop_partial_sources();
 
   void pack(int d, int64_t first, int64_t n, std::byte* dst) const;
   void on_headers();
   void unpack(int s, int64_t first, int64_t n, const std::byte* src);
   void finish() override {
     wait_stats.add_to_tensor();
+    if (partial_sources) drop_partial_sources();
     if (!stats) return;
     for (int e = 0; e < plan->num_local_experts; ++e) stats->data<int32_t>()[e] += recv_count[e];
   }
@@ -133,6 +154,7 @@ void LowLatencyDispatchOp::on_headers() {
   plan->rows.assign(static_cast<size_t>(El * R), 0);
   plan->begin.assign(static_cast<size_t>(El * R), 0);
   for (int s = 0; s < R; ++s) {
+    if (spec.is_masked(s)) continue;  // shrink mode: nothing from it
     const HeaderView h{spec.recv_headers.data() + spec.header_bytes * s, R};
     spec.recv_records[s] = h.tail().num_records;
     for (int e = 0; e < El; ++e) plan->rows[e * R + s] = h.expert_counts()[e];
@@ -176,6 +198,45 @@ void LowLatencyDispatchOp::unpack(int s, int64_t first, int64_t n, const std::by
       if (fmt.sf_bytes) std::memcpy(recv_sf + flat * fmt.sf_bytes, src + fmt.x_bytes, fmt.sf_bytes);
       src_info[flat] = token;
     }
+  }
+}
+
+// Shrink mode left out sources after their headers arrived, so their records may have come in
+// part: their rows are removed, each expert's later rows move down so that its rows stay
+// contiguous from row 0, and the counts, layout ranges, source info and the combine's row lists
+// follow, as if those sources had been masked from the start.
+void LowLatencyDispatchOp::drop_partial_sources() {
+  const int R = plan->num_ranks, El = plan->num_local_experts;
+  std::vector<int64_t> shift(static_cast<size_t>(El * R), 0);
+  for (int e = 0; e < El; ++e) {
+    int64_t removed = 0;
+    for (int s = 0; s < R; ++s) {
+      const int64_t i = e * R + s;
+      const int64_t from = e * RT + plan->begin[i], n = plan->rows[i];
+      plan->begin[i] -= removed;
+      shift[i] = removed;
+      if (plan->is_left_out(s)) {
+        removed += n;
+        plan->rows[i] = 0;
+      } else if (removed > 0) {
+        const int64_t to = from - removed;
+        std::memmove(recv_x + to * fmt.x_bytes, recv_x + from * fmt.x_bytes, n * fmt.x_bytes);
+        if (fmt.sf_bytes)
+          std::memmove(recv_sf + to * fmt.sf_bytes, recv_sf + from * fmt.sf_bytes,
+                       n * fmt.sf_bytes);
+        std::memmove(src_info + to, src_info + from, n * sizeof(int32_t));
+      }
+      layout_range[i] = (plan->begin[i] << 32) | plan->rows[i];
+    }
+    recv_count[e] -= static_cast<int32_t>(removed);
+    std::fill(src_info + e * RT + recv_count[e], src_info + (e + 1) * RT, -1);
+  }
+  for (int s = 0; s < R; ++s) {
+    if (plan->is_left_out(s)) {
+      plan->back_rows[s].clear();
+      continue;
+    }
+    for (int64_t& flat : plan->back_rows[s]) flat -= shift[(flat / RT) * R + s];
   }
 }
 
@@ -292,8 +353,11 @@ LowLatencyDispatchResult run_low_latency_dispatch(BufferImpl& b, const Tensor& x
   const int K = static_cast<int>(topk_idx.size(1));
   plan->num_topk = K;
 
+  plan->left_out = masked_ranks(b);
+
   auto op = std::make_shared<LowLatencyDispatchOp>();
   op->sized_by_headers = false;  // every output has its worst-case shape
+  op->shrink = b.config.enable_shrink;
   op->plan = plan;
   op->fmt = dispatch_format(H, K, a);
   op->RT = R * tmax;
@@ -309,7 +373,7 @@ LowLatencyDispatchResult run_low_latency_dispatch(BufferImpl& b, const Tensor& x
   for (int64_t t = 0; t < T; ++t) {
     for (int k = 0; k < K; ++k) {
       const int32_t g = plan->topk[t * K + k];
-      if (g < 0) continue;
+      if (g < 0 || plan->is_left_out(g / El)) continue;  // shrink mode: not to masked ranks
       ++pairs[g];
       plan->back_slots[g / El].push_back(static_cast<int32_t>(t * K + k));
       if (listed[g / El] == t) continue;
@@ -364,7 +428,12 @@ LowLatencyDispatchResult run_low_latency_dispatch(BufferImpl& b, const Tensor& x
                       .tmax = static_cast<int32_t>(tmax),
                       .logfmt = 0};
   fill_headers(spec, sig, R, T, records, &pairs, El);
+  spec.masked = plan->left_out;
   LowLatencyDispatchOp* self = op.get();
+  spec.on_drop = [self, R](int p, bool after_headers) {
+    mark_left_out(self->plan->left_out, R, p);
+    self->partial_sources |= after_headers;
+  };
   spec.pack = [self](int d, int64_t first, int64_t n, std::byte* dst) {
     self->pack(d, first, n, dst);
   };
@@ -408,13 +477,21 @@ struct LowLatencyCombineOp final : Operation {
   StagedRecords staged;
   std::vector<const bf16*> rows_scratch;
   std::vector<float> weights_scratch, acc_scratch;
+  // Shrink mode: expert ranks whose rows are not summed (left out by the dispatch or now);
+  // empty when none.
+  std::vector<char> skipped;
 
   void pack(int d, int64_t first, int64_t n, std::byte* dst) const;
   const std::byte* record(int r, int64_t i) const {
     return held ? held_record[r][i] : staged.record(r, i);
   }
   int rank_of(int64_t slot) const { return plan->topk[slot] / plan->num_local_experts; }
+  // Whether slot's row is summed: a valid id on a rank that is not skipped.
+  bool summed(int64_t slot) const {
+    return plan->topk[slot] >= 0 && (skipped.empty() || !skipped[rank_of(slot)]);
+  }
   void reduce_token(int64_t t);
+  void reduce_complete_tokens();
   void hold(int r, int64_t first, int64_t n, const std::byte* src);
   int64_t release_upto(int r);
   void finish() override;
@@ -440,7 +517,7 @@ void LowLatencyCombineOp::reduce_token(int64_t t) {
   int n = 0;
   for (int k = 0; k < K; ++k) {
     const int64_t slot = t * K + k;
-    if (plan->topk[slot] < 0) continue;
+    if (!summed(slot)) continue;
     rows_scratch[n] = reinterpret_cast<const bf16*>(record(rank_of(slot), slot_record[slot]));
     weights_scratch[n++] = weights[slot];
   }
@@ -458,10 +535,15 @@ void LowLatencyCombineOp::hold(int r, int64_t first, int64_t n, const std::byte*
   for (int64_t i = 0; i < n; ++i)
     held_record[r][first + i] = src + static_cast<size_t>(i) * spec.record_bytes;
   arrived[r] = first + n;
+  reduce_complete_tokens();
+}
+
+// Sums the tokens, in order, whose summed rows have all arrived.
+void LowLatencyCombineOp::reduce_complete_tokens() {
   const auto complete = [&](int64_t t) {
     for (int k = 0; k < K; ++k) {
       const int64_t slot = t * K + k;
-      if (plan->topk[slot] >= 0 && slot_record[slot] >= arrived[rank_of(slot)]) return false;
+      if (summed(slot) && slot_record[slot] >= arrived[rank_of(slot)]) return false;
     }
     return true;
   };
@@ -567,7 +649,13 @@ LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
 
   auto op = std::make_shared<LowLatencyCombineOp>();
   op->sized_by_headers = false;
+  op->shrink = b.config.enable_shrink;
   op->plan = h.plan;
+  // Shrink mode: ranks the dispatch left out got no rows to send back; ranks masked since then
+  // are not waited for either.
+  op->skipped = masked_ranks(b);
+  for (int r = 0; r < R && !plan.left_out.empty(); ++r)
+    if (plan.left_out[r]) mark_left_out(op->skipped, R, r);
   op->H = H;
   op->K = K;
   op->logfmt = a.use_logfmt;
@@ -577,7 +665,9 @@ LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
   op->weights = topk_weights.data<float>();
   op->keep = {source, topk_weights};
   std::vector<int64_t> records(R, 0);
-  for (int s = 0; s < R; ++s) records[s] = static_cast<int64_t>(plan.back_rows[s].size());
+  for (int s = 0; s < R; ++s)
+    if (op->skipped.empty() || !op->skipped[s])
+      records[s] = static_cast<int64_t>(plan.back_rows[s].size());
   // Each slot's place in its expert rank's stream, and the most records a token reads from one
   // rank (what holding the records needs).
   op->slot_record.assign(static_cast<size_t>(T * K), -1);
@@ -631,14 +721,20 @@ LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
                       .tmax = static_cast<int32_t>(plan.tmax),
                       .logfmt = a.use_logfmt ? 1 : 0};
   fill_headers(spec, sig, R, T, records, nullptr, El);
+  spec.masked = op->skipped;
   LowLatencyCombineOp* self = op.get();
   spec.pack = [self](int d, int64_t first, int64_t n, std::byte* dst) {
     self->pack(d, first, n, dst);
+  };
+  spec.on_drop = [self, R](int p, bool /*after_headers*/) {
+    mark_left_out(self->skipped, R, p);
+    if (self->held) self->reduce_complete_tokens();  // tokens that waited only for p
   };
   spec.on_headers = [self, R] {
     ExchangeSpec& sp = self->spec;
     check_signatures(sp, R, self->plan->rank, kCombine);
     for (int r = 0; r < R; ++r) {
+      if (sp.is_masked(r)) continue;  // shrink mode: nothing from it
       const HeaderView hv{sp.recv_headers.data() + sp.header_bytes * r, R};
       const auto expected = static_cast<int64_t>(self->plan->back_slots[r].size());
       DSK_CHECK(hv.tail().num_records == expected, kCombine,

@@ -122,6 +122,7 @@ class ShmChannel final : public Channel {
     posted_.assign(size_, 0);
     read_.assign(size_, 0);
     taken_.assign(size_, 0);
+    exchanges_.assign(size_, 0);
   }
 
   ~ShmChannel() override {
@@ -132,6 +133,7 @@ class ShmChannel final : public Channel {
   size_t max_header_bytes() const override { return header_cap_; }
   size_t chunk_bytes() const override { return chunk_; }
   bool holds_records() const override { return true; }
+  bool can_leave_out_peers() const override { return true; }
   // Held records keep their ring chunks (and a rank's own, their buffers): `slots` chunks, and n
   // consecutive records may start at the last record of a chunk.
   int64_t max_held_records(size_t record_bytes) const override {
@@ -186,7 +188,9 @@ class ShmChannel final : public Channel {
   std::vector<Mapping> maps_;
   std::shared_ptr<std::byte> own_;  // this rank's mapping (maps_[rank_])
   std::shared_ptr<std::byte> outputs_[2];
-  uint64_t exchanges_ = 0;        // exchanges this channel ran
+  // Exchanges this channel ran with each peer (itself included). Counted per pair, so that
+  // exchanges that leave a peer out (shrink mode) keep the count of every other pair in step.
+  std::vector<uint64_t> exchanges_;
   std::vector<uint64_t> posted_;  // chunks posted to each receiver so far
   std::vector<uint64_t> read_;    // chunks read from each sender so far
   std::vector<uint64_t> taken_;   // chunks released to each sender so far (<= read_)
@@ -269,7 +273,6 @@ class ShmExchange final : public Exchange {
     per_chunk_ = g.per_chunk;
     slot_bytes_ = g.slot_bytes;
     slots_ = g.slots;
-    seq_ = ++ch_.exchanges_;
     sent_.assign(R_, 0);
     got_.assign(R_, 0);
     recv_total_.assign(R_, 0);
@@ -283,9 +286,45 @@ class ShmExchange final : public Exchange {
     // A reply only says where rows land; without direct_dest they never do.
     reply_read_.assign(R_, spec.direct_row_bytes == 0 || !spec.direct_dest);
     rows_from_.assign(R_, false);
+    seq_.assign(R_, 0);
+    left_out_.assign(R_, false);
+    for (int p = 0; p < R_; ++p) {
+      if (spec.masked.empty() || !spec.masked[p]) {
+        seq_[p] = ++ch_.exchanges_[p];
+      } else {
+        leave_out(p);
+      }
+    }
   }
 
   bool has_headers() const override { return headers_left_ == 0; }
+
+  // Peers this exchange still waits for: those whose header or records have not all arrived,
+  // and with `sending`, also those that did not take this rank's header or chunks (such a peer
+  // may itself be waiting for a third rank, so it is named only once the first kind is gone).
+  std::vector<int> stalled_peers(bool sending) const override {
+    std::vector<int> peers;
+    for (int p = 0; p < R_; ++p) {
+      if (p == ch_.rank_ || left_out_[p]) continue;
+      const bool receiving = !header_read_[p] || (headers_left_ == 0 && got_[p] < recv_total_[p]);
+      const bool sends = !header_posted_[p] || sent_[p] < send_total_[p];
+      if (receiving || (sending && sends)) peers.push_back(p);
+    }
+    return peers;
+  }
+
+  // Leaves peer p out of the rest of the exchange: nothing more is sent to it or read from it,
+  // and the operation learns it (ExchangeSpec::on_drop) to drop what p already sent.
+  void drop(int p) override {
+    if (p == ch_.rank_ || left_out_[p]) return;
+    if (spec_.masked.empty()) spec_.masked.assign(R_, 0);
+    spec_.masked[p] = 1;
+    const bool after_headers = headers_left_ == 0;
+    leave_out(p);
+    held_[p].clear();  // p's chunks stay mapped; nothing reads them any more
+    if (spec_.on_drop) spec_.on_drop(p, after_headers);
+    if (!after_headers && headers_left_ == 0) headers_complete();
+  }
 
   bool poll() override {
     const bool posted = post_headers();  // both run every poll
@@ -315,10 +354,10 @@ class ShmExchange final : public Exchange {
   bool post_headers() {
     bool moved = false;
     for (int d = 0; d < R_ && headers_to_post_ > 0; ++d) {
-      if (header_posted_[d] || load_acquire(ch_.counter(ch_.rank_, d, 1)) + 1 < seq_) continue;
+      if (header_posted_[d] || load_acquire(ch_.counter(ch_.rank_, d, 1)) + 1 < seq_[d]) continue;
       std::memcpy(ch_.header(ch_.rank_, d), spec_.send_headers.data() + spec_.header_bytes * d,
                   spec_.header_bytes);
-      store_release(ch_.counter(ch_.rank_, d, 0), seq_);
+      store_release(ch_.counter(ch_.rank_, d, 0), seq_[d]);
       header_posted_[d] = true;
       --headers_to_post_;
       moved = true;
@@ -330,20 +369,40 @@ class ShmExchange final : public Exchange {
     if (headers_left_ == 0) return false;
     bool moved = false;
     for (int s = 0; s < R_; ++s) {
-      if (header_read_[s] || load_acquire(ch_.counter(s, ch_.rank_, 0)) < seq_) continue;
+      if (header_read_[s] || load_acquire(ch_.counter(s, ch_.rank_, 0)) < seq_[s]) continue;
       std::memcpy(spec_.recv_headers.data() + spec_.header_bytes * s, ch_.header(s, ch_.rank_),
                   spec_.header_bytes);
-      store_release(ch_.counter(s, ch_.rank_, 1), seq_);
+      store_release(ch_.counter(s, ch_.rank_, 1), seq_[s]);
       header_read_[s] = true;
       --headers_left_;
       moved = true;
     }
-    if (headers_left_ == 0) {
-      spec_.on_headers();
-      for (int s = 0; s < R_; ++s) recv_total_[s] = chunks_of(spec_.recv_records[s]);
-      if (spec_.direct_row_bytes > 0 && spec_.direct_dest) reply_with_destinations();
-    }
+    if (moved && headers_left_ == 0) headers_complete();
     return moved;
+  }
+
+  void headers_complete() {
+    spec_.on_headers();
+    for (int s = 0; s < R_; ++s)
+      recv_total_[s] = left_out_[s] ? 0 : chunks_of(spec_.recv_records[s]);
+    if (spec_.direct_row_bytes > 0 && spec_.direct_dest) reply_with_destinations();
+  }
+
+  // Peer p takes no further part: its header counts as posted and read, its records as sent and
+  // received (the pair's sequence number stays where it is when p is left out from the start).
+  void leave_out(int p) {
+    left_out_[p] = true;
+    if (!header_posted_[p]) {
+      header_posted_[p] = true;
+      --headers_to_post_;
+    }
+    if (!header_read_[p]) {
+      header_read_[p] = true;
+      --headers_left_;
+    }
+    send_total_[p] = sent_[p];
+    recv_total_[p] = got_[p];
+    reply_read_[p] = true;
   }
 
   // Tells every sender where its rows go in this rank's outputs (or that they travel in the
@@ -351,6 +410,7 @@ class ShmExchange final : public Exchange {
   void reply_with_destinations() {
     const int me = ch_.rank_;
     for (int s = 0; s < R_; ++s) {
+      if (left_out_[s]) continue;
       std::byte* dest = spec_.direct_dest(s);
       const uint64_t offset = ch_.output_offset(dest);
       rows_from_[s] = offset != 0;
@@ -359,14 +419,14 @@ class ShmExchange final : public Exchange {
         continue;
       }
       __atomic_store_n(ch_.counter(me, s, 5), offset, __ATOMIC_RELAXED);
-      store_release(ch_.counter(me, s, 4), seq_);
+      store_release(ch_.counter(me, s, 4), seq_[s]);
     }
   }
 
   // Sender side: whether d's reply for this exchange arrived (then rows_to_[d] is set).
   bool has_reply(int d) {
     if (reply_read_[d]) return true;
-    if (load_acquire(ch_.counter(d, ch_.rank_, 4)) < seq_) return false;
+    if (load_acquire(ch_.counter(d, ch_.rank_, 4)) < seq_[d]) return false;
     const uint64_t offset = __atomic_load_n(ch_.counter(d, ch_.rank_, 5), __ATOMIC_RELAXED);
     rows_to_[d] = offset != 0 ? ch_.maps_[d].base + (offset - 1) : nullptr;
     reply_read_[d] = true;
@@ -494,10 +554,11 @@ class ShmExchange final : public Exchange {
   ShmChannel& ch_;
   ExchangeSpec& spec_;
   int R_;
-  int64_t per_chunk_ = 1;  // records per chunk
-  size_t slot_bytes_ = 0;  // bytes of a ring slot: per_chunk_ records
-  uint64_t slots_ = 2;     // ring slots per receiver in this exchange
-  uint64_t seq_ = 0;
+  int64_t per_chunk_ = 1;       // records per chunk
+  size_t slot_bytes_ = 0;       // bytes of a ring slot: per_chunk_ records
+  uint64_t slots_ = 2;          // ring slots per receiver in this exchange
+  std::vector<uint64_t> seq_;   // per peer: this exchange's number in the pair's sequence
+  std::vector<bool> left_out_;  // per peer: masked (shrink mode) or dropped after a timeout
   int headers_to_post_ = R_;
   int headers_left_ = R_;
   bool moved_ = false;

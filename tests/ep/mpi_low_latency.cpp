@@ -59,11 +59,13 @@ World gather(const Tokens& tk) {
   return w;
 }
 
-// The reference rows of one local expert: (source rank, token) in order.
-std::vector<std::pair<int, int64_t>> expert_rows(const World& w, int64_t global_expert) {
+// The reference rows of one local expert: (source rank, token) in order, without the sources
+// that shrink mode left out (left_out[s] != 0).
+std::vector<std::pair<int, int64_t>> expert_rows(const World& w, int64_t global_expert,
+                                                 const std::vector<char>& left_out = {}) {
   std::vector<std::pair<int, int64_t>> rows;
   for (int s = 0; s < static_cast<int>(w.T.size()); ++s)
-    for (int64_t t = 0; t < w.T[s]; ++t)
+    for (int64_t t = 0; t < w.T[s] && (left_out.empty() || !left_out[s]); ++t)
       for (int k = 0; k < kTopk; ++k)
         if (w.topk[s][t * kTopk + k] == global_expert) rows.emplace_back(s, t);
   return rows;
@@ -71,13 +73,13 @@ std::vector<std::pair<int, int64_t>> expert_rows(const World& w, int64_t global_
 
 // Checks counts, layout ranges and source indices of a dispatch against the reference; returns
 // the reference rows per local expert.
-std::vector<std::vector<std::pair<int, int64_t>>> check_layout(const World& w,
-                                                               const LowLatencyDispatchResult& d,
-                                                               int me, int El) {
+std::vector<std::vector<std::pair<int, int64_t>>> check_layout(
+    const World& w, const LowLatencyDispatchResult& d, int me, int El,
+    const std::vector<char>& left_out = {}) {
   const int R = static_cast<int>(w.T.size());
   std::vector<std::vector<std::pair<int, int64_t>>> all(El);
   for (int e = 0; e < El; ++e) {
-    all[e] = expert_rows(w, me * El + e);
+    all[e] = expert_rows(w, me * El + e, left_out);
     const auto& rows = all[e];
     EXPECT_EQ(d.recv_count.data<int32_t>()[e], static_cast<int32_t>(rows.size()));
     int64_t begin = 0;
@@ -97,6 +99,38 @@ std::vector<std::vector<std::pair<int, int64_t>>> check_layout(const World& w,
   return all;
 }
 
+// Checks a dispatch's rows bitwise against the reference rows check_layout returned.
+void expect_reference_rows(const World& w, const LowLatencyDispatchResult& d,
+                           const std::vector<std::vector<std::pair<int, int64_t>>>& rows) {
+  for (size_t e = 0; e < rows.size(); ++e) {
+    for (size_t i = 0; i < rows[e].size(); ++i) {
+      const auto [s, t] = rows[e][i];
+      ASSERT_EQ(
+          std::memcmp(&d.recv_x.at<bf16>({static_cast<int64_t>(e), static_cast<int64_t>(i), 0}),
+                      w.x[s].data() + t * kHidden, kHidden * 2),
+          0)
+          << e << "," << i;
+    }
+  }
+}
+
+// Identity experts: combined[t] = bf16(sum over k in top-k order of w * x[t]) over the slots
+// whose expert rank shrink mode did not leave out.
+void expect_identity_combine(const Tensor& combined, const Tokens& tk, int El,
+                             const std::vector<char>& left_out = {}) {
+  for (int64_t t = 0; t < tk.T; ++t) {
+    for (int64_t h = 0; h < kHidden; ++h) {
+      float acc = 0.0f;
+      for (int k = 0; k < kTopk; ++k) {
+        const int64_t g = tk.topk.at<int64_t>({t, k});
+        if (g >= 0 && (left_out.empty() || !left_out[g / El]))
+          acc += tk.weights.at<float>({t, k}) * bf16_to_f32(tk.x.at<bf16>({t, h}));
+      }
+      ASSERT_EQ(combined.at<bf16>({t, h}).bits, f32_to_bf16(acc).bits) << t << "," << h;
+    }
+  }
+}
+
 // A deterministic expert output for (global expert, global source id, channel).
 float expert_value(int64_t expert, int64_t gid, int64_t h) {
   return combine_value(gid, static_cast<int>(expert), h);
@@ -113,14 +147,8 @@ TEST_P(EpTest, LowLatencyDispatchMatchesTheReference) {
     ASSERT_EQ(d.recv_x.sizes(), (Shape{El(), R() * kTmax, kHidden}));
     EXPECT_FALSE(d.recv_x_sf.has_value());
     const auto rows = check_layout(w, d, me(), El());
+    expect_reference_rows(w, d, rows);
     for (int e = 0; e < El(); ++e) {
-      for (size_t i = 0; i < rows[e].size(); ++i) {
-        const auto [s, t] = rows[e][i];
-        ASSERT_EQ(std::memcmp(&d.recv_x.at<bf16>({e, static_cast<int64_t>(i), 0}),
-                              w.x[s].data() + t * kHidden, kHidden * 2),
-                  0)
-            << e << "," << i;
-      }
       EXPECT_EQ(stats.data<int32_t>()[e], (run + 1) * d.recv_count.data<int32_t>()[e]);
     }
   }
@@ -205,15 +233,7 @@ TEST_P(EpTest, LowLatencyCombineIsTheWeightedSumInTopkOrder) {
   const LowLatencyCombineResult id =
       buffer->low_latency_combine(d.recv_x, tk.topk, tk.weights, d.handle, {.out = out});
   EXPECT_EQ(id.combined_x.data_ptr(), out.data_ptr());
-  for (int64_t t = 0; t < tk.T; ++t) {
-    for (int64_t h = 0; h < kHidden; ++h) {
-      float acc = 0.0f;
-      for (int k = 0; k < kTopk; ++k)
-        if (tk.topk.at<int64_t>({t, k}) >= 0)
-          acc += tk.weights.at<float>({t, k}) * bf16_to_f32(tk.x.at<bf16>({t, h}));
-      ASSERT_EQ(out.at<bf16>({t, h}).bits, f32_to_bf16(acc).bits) << t << "," << h;
-    }
-  }
+  expect_identity_combine(out, tk, El());
 }
 
 // Every token's 8 slots on one rank, through slots of a few rows: more of a token's rows than the
@@ -606,6 +626,174 @@ TEST_P(EpTest, LowLatencyLogfmtNeedsAMultipleOf512Channels) {
     EXPECT_NE(std::string(e.what()).find("use_logfmt"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(buffer->is_available());
+}
+
+// ---- Shrink mode (enable_shrink: masked ranks are left out of low-latency exchanges) ----
+
+bool shrinks(Transport t) {
+  return t == Transport::shared_memory;
+}
+
+std::vector<int> queried_masks(const Buffer& buffer, int R) {
+  Tensor status = Tensor::empty({R}, DType::i32);
+  status.fill_bytes_(0x7F);
+  buffer.low_latency_query_mask_buffer(status);
+  return std::vector<int>(status.data<int32_t>(), status.data<int32_t>() + R);
+}
+
+std::vector<int> as_masks(const std::vector<char>& left_out) {
+  return std::vector<int>(left_out.begin(), left_out.end());
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Every rank but the last masks the last one, which sits out: dispatch receives nothing from it
+// and sends it nothing, combine sums only the other ranks' experts (upstream test_low_latency's
+// shrink checks); twice, then the last rank is unmasked and every rank exchanges with every rank
+// again, bitwise as without shrink mode (the pairs' sequences stayed in step).
+TEST_P(EpTest, ShrinkLeavesMaskedRanksOut) {
+  if (!shrinks(GetParam().transport)) GTEST_SKIP() << "shrink mode needs shared memory";
+  BufferConfig cfg = config();
+  cfg.enable_shrink = true;
+  Buffer buffer(comm(), cfg);
+  const Tokens tk = make_tokens(0.1);
+  const World w = gather(tk);
+  const int out = R() - 1;
+  std::vector<char> left_out(R(), 0);
+  left_out[out] = 1;
+  EXPECT_EQ(queried_masks(buffer, R()), std::vector<int>(R(), 0));
+  if (me() != out) {
+    buffer.low_latency_update_mask_buffer(out, true);
+    EXPECT_EQ(queried_masks(buffer, R()), as_masks(left_out));
+    for (int run = 0; run < 2; ++run) {
+      const LowLatencyDispatchResult d =
+          buffer.low_latency_dispatch(tk.x, tk.topk, kTmax, E(), {.use_fp8 = false});
+      expect_reference_rows(w, d, check_layout(w, d, me(), El(), left_out));
+      const LowLatencyCombineResult c =
+          buffer.low_latency_combine(d.recv_x, tk.topk, tk.weights, d.handle);
+      expect_identity_combine(c.combined_x, tk, El(), left_out);
+    }
+    buffer.low_latency_update_mask_buffer(out, false);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const LowLatencyDispatchResult d =
+      buffer.low_latency_dispatch(tk.x, tk.topk, kTmax, E(), {.use_fp8 = false});
+  expect_reference_rows(w, d, check_layout(w, d, me(), El()));
+  const LowLatencyCombineResult c =
+      buffer.low_latency_combine(d.recv_x, tk.topk, tk.weights, d.handle);
+  expect_identity_combine(c.combined_x, tk, El());
+}
+
+// upstream's failure simulation: the last rank stops before a dispatch (and, with 4 ranks, the
+// one before it before the combine). The others' call waits for it for the timeout, masks it and
+// completes without it; a later call does not wait for it; it cannot be unmasked.
+TEST_P(EpTest, ShrinkMasksARankThatStopsAtTheTimeout) {
+  if (!shrinks(GetParam().transport)) GTEST_SKIP() << "shrink mode needs shared memory";
+  BufferConfig cfg = config();
+  cfg.enable_shrink = true;
+  cfg.timeout_s = 1;
+  Buffer buffer(comm(), cfg);
+  const Tokens tk = make_tokens(0.1);
+  const World w = gather(tk);
+  const int stops_at_dispatch = R() - 1, stops_at_combine = R() >= 4 ? R() - 2 : -1;
+  std::vector<char> left_out(R(), 0);
+  left_out[stops_at_dispatch] = 1;
+  bool survivor = me() != stops_at_dispatch;
+  if (survivor) {
+    const auto start = std::chrono::steady_clock::now();
+    const LowLatencyDispatchResult d =
+        buffer.low_latency_dispatch(tk.x, tk.topk, kTmax, E(), {.use_fp8 = false});
+    EXPECT_GE(seconds_since(start), 0.9);  // it waited for the stopped rank
+    EXPECT_EQ(queried_masks(buffer, R()), as_masks(left_out));
+    expect_reference_rows(w, d, check_layout(w, d, me(), El(), left_out));
+    survivor = me() != stops_at_combine;
+    if (stops_at_combine >= 0) left_out[stops_at_combine] = 1;
+    if (survivor) {
+      const LowLatencyCombineResult c =
+          buffer.low_latency_combine(d.recv_x, tk.topk, tk.weights, d.handle);
+      EXPECT_EQ(queried_masks(buffer, R()), as_masks(left_out));
+      expect_identity_combine(c.combined_x, tk, El(), left_out);
+    }
+  }
+  if (survivor) {
+    EXPECT_THROW(buffer.low_latency_update_mask_buffer(stops_at_dispatch, false), Error);
+    EXPECT_THROW(buffer.low_latency_clean_mask_buffer(), Error);
+    EXPECT_EQ(queried_masks(buffer, R()), as_masks(left_out));  // the refused clean kept them
+    // The survivors go on without waiting.
+    const auto start = std::chrono::steady_clock::now();
+    const LowLatencyDispatchResult d2 =
+        buffer.low_latency_dispatch(tk.x, tk.topk, kTmax, E(), {.use_fp8 = false});
+    const LowLatencyCombineResult c2 =
+        buffer.low_latency_combine(d2.recv_x, tk.topk, tk.weights, d2.handle);
+    EXPECT_LT(seconds_since(start), 0.9);
+    expect_reference_rows(w, d2, check_layout(w, d2, me(), El(), left_out));
+    expect_identity_combine(c2.combined_x, tk, El(), left_out);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// The last rank posts its dispatch and stops while its records are still streaming (slots of a
+// few rows; its tokens go to every rank, so its records to each outgrow its ring): the others
+// received its header and part of its rows when they time out. They drop what they got from it,
+// and their results are those of a dispatch that left it out (rows moved down, counts, layout
+// ranges, source info, and the combine's rows back).
+TEST_P(EpTest, ShrinkDropsARankThatStopsMidStream) {
+  if (!shrinks(GetParam().transport) || GetParam().small_buffer)
+    GTEST_SKIP() << "shrink mode needs shared memory; the test sets its own slots";
+  BufferConfig cfg = config();
+  cfg.enable_shrink = true;
+  cfg.timeout_s = 1;
+  cfg.num_bytes = static_cast<int64_t>(R()) * 8 * 1024;  // about 3 rows per slot
+  Buffer buffer(comm(), cfg);
+  Tokens tk = make_tokens(0.1);
+  const int out = R() - 1;
+  if (me() == out)  // slot k on rank k % R: every token goes to every rank
+    for (int64_t t = 0; t < tk.T; ++t)
+      for (int k = 0; k < kTopk; ++k)
+        tk.topk.at<int64_t>({t, k}) = (k % R()) * El() + static_cast<int64_t>(t + k / R()) % El();
+  const World w = gather(tk);
+  std::vector<char> left_out(R(), 0);
+  left_out[out] = 1;
+  if (me() == out) {
+    // Send what fits, never receive (the hook is not called).
+    const LowLatencyDispatchResult d = buffer.low_latency_dispatch(
+        tk.x, tk.topk, kTmax, E(), {.use_fp8 = false, .return_recv_hook = true});
+  } else {
+    const LowLatencyDispatchResult d =
+        buffer.low_latency_dispatch(tk.x, tk.topk, kTmax, E(), {.use_fp8 = false});
+    EXPECT_EQ(queried_masks(buffer, R()), as_masks(left_out));
+    expect_reference_rows(w, d, check_layout(w, d, me(), El(), left_out));
+    const LowLatencyCombineResult c =
+        buffer.low_latency_combine(d.recv_x, tk.topk, tk.weights, d.handle);
+    expect_identity_combine(c.combined_x, tk, El(), left_out);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_P(EpTest, ShrinkBadInputsRaise) {
+  BufferConfig cfg = config();
+  cfg.enable_shrink = true;
+  if (!shrinks(GetParam().transport)) {
+    EXPECT_THROW(Buffer(comm(), cfg), Error);  // on every rank alike
+    return;
+  }
+  Buffer buffer(comm(), cfg);
+  EXPECT_THROW(buffer.low_latency_update_mask_buffer(me(), true), Error);  // itself
+  EXPECT_THROW(buffer.low_latency_update_mask_buffer(R(), true), Error);
+  EXPECT_THROW(buffer.low_latency_update_mask_buffer(-1, true), Error);
+  EXPECT_THROW(buffer.low_latency_query_mask_buffer(Tensor::empty({R()}, DType::i64)), Error);
+  EXPECT_THROW(buffer.low_latency_query_mask_buffer(Tensor::empty({R() + 1}, DType::i32)), Error);
+  buffer.low_latency_update_mask_buffer(me(), false);  // unmasking an active rank changes nothing
+  buffer.low_latency_update_mask_buffer((me() + 1) % R(), true);
+  buffer.low_latency_clean_mask_buffer();
+  EXPECT_EQ(queried_masks(buffer, R()), std::vector<int>(R(), 0));
+  cfg.enable_shrink = false;
+  Buffer plain(comm(), cfg);
+  EXPECT_THROW(plain.low_latency_update_mask_buffer((me() + 1) % R(), true), Error);
+  EXPECT_THROW(plain.low_latency_query_mask_buffer(Tensor::empty({R()}, DType::i32)), Error);
+  EXPECT_THROW(plain.low_latency_clean_mask_buffer(), Error);
 }
 
 }  // namespace
