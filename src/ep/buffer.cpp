@@ -261,23 +261,24 @@ void BufferImpl::set_mask(int peer, int value) {
   mask_[static_cast<size_t>(peer)] = value;
 }
 
-// NOTES: a peer that stopped sending is left out at the first timeout; one that only stopped
-// taking what this rank sends may itself wait for a third rank that stalled, so it is left out
-// only if the exchange is still stuck one more timeout later (by then that rank's own wait
-// has left the stalled one out, and it takes again). Upstream masks whichever rank a wait timed
-// out on.
+// NOTES: a peer that stopped sending is left out at the first timeout. One that only stopped
+// taking what this rank sends may itself be waiting for a third rank that stalled: its own wait
+// leaves that rank out a timeout after its last progress, which can come up to a timeout after
+// ours (it kept sending to us meanwhile). So such a peer is left out only once two more timeouts
+// passed without a peer to receive from, which keeps alive ranks from masking each other when
+// the scheduler delays one of them (4 ranks on 2 cores, 1 s timeouts in the tests). Upstream
+// masks whichever rank a wait timed out on.
 void BufferImpl::drive_op(Operation& op, const char* fn, bool until_headers) {
   if (!op.shrink) return drive(*op.exchange, timeout_s, fn, until_headers);
   Exchange& exchange = *op.exchange;
-  bool receive_stalls_cleared = false;
+  int quiet_timeouts = 0;  // timeouts in a row with no peer to receive from
   const auto leave_out_stalled = [&] {
     std::vector<int> peers = exchange.stalled_peers(false);
     if (peers.empty()) {
-      if (!receive_stalls_cleared) {
-        receive_stalls_cleared = true;  // give the peers one more timeout first
-        return true;
-      }
+      if (++quiet_timeouts <= 2) return true;  // give the peers more time first
       peers = exchange.stalled_peers(true);
+    } else {
+      quiet_timeouts = 0;
     }
     if (peers.empty()) return false;
     for (int p : peers) {

@@ -146,6 +146,11 @@ struct ExchangeSpec {
   // arrived (its records may then be partly received).
   std::vector<char> masked;
   std::function<void(int peer, bool after_headers)> on_drop;
+  // Optional, with hold: the peers whose records the operation needs next and lacks. A peer
+  // whose records stopped because this rank holds every chunk of its ring waits for this rank,
+  // not the other way round; an operation that holds records can tell the two apart, the
+  // channel cannot.
+  std::function<std::vector<int>()> waiting_for;
   bool is_masked(int p) const { return !masked.empty() && masked[p] != 0; }
 };
 

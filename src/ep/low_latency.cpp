@@ -494,6 +494,7 @@ struct LowLatencyCombineOp final : Operation {
   void reduce_complete_tokens();
   void hold(int r, int64_t first, int64_t n, const std::byte* src);
   int64_t release_upto(int r);
+  std::vector<int> waiting_for() const;
   void finish() override;
 };
 
@@ -548,6 +549,19 @@ void LowLatencyCombineOp::reduce_complete_tokens() {
     return true;
   };
   while (next_token < plan->num_tokens && complete(next_token)) reduce_token(next_token++);
+}
+
+// The ranks whose record for the oldest unsummed token has not arrived. Each sends in token order,
+// so such a rank holds none of this rank's ring slots for later tokens: it is the one stalled.
+std::vector<int> LowLatencyCombineOp::waiting_for() const {
+  std::vector<int> ranks;
+  for (int k = 0; k < K && next_token < plan->num_tokens; ++k) {
+    const int64_t slot = next_token * K + k;
+    if (!summed(slot) || slot_record[slot] < arrived[rank_of(slot)]) continue;
+    if (std::find(ranks.begin(), ranks.end(), rank_of(slot)) == ranks.end())
+      ranks.push_back(rank_of(slot));
+  }
+  return ranks;
 }
 
 // Rank r's records that no unsummed token reads (its stream is in token order).
@@ -749,6 +763,7 @@ LowLatencyCombineResult run_low_latency_combine(BufferImpl& b, const Tensor& x,
       self->hold(r, first, n, src);
     };
     spec.released = [self](int r) { return self->release_upto(r); };
+    spec.waiting_for = [self] { return self->waiting_for(); };
     // A BF16 record is the row as it is (2H is a multiple of 16): this rank's own are summed
     // where they are.
     if (!a.use_logfmt && spec.record_bytes == 2 * static_cast<size_t>(H)) {

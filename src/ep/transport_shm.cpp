@@ -303,10 +303,16 @@ class ShmExchange final : public Exchange {
   // and with `sending`, also those that did not take this rank's header or chunks (such a peer
   // may itself be waiting for a third rank, so it is named only once the first kind is gone).
   std::vector<int> stalled_peers(bool sending) const override {
+    std::vector<bool> needed(R_, false);
+    if (headers_left_ == 0 && spec_.waiting_for) {
+      for (int p : spec_.waiting_for()) needed[p] = true;
+    } else {
+      for (int p = 0; p < R_; ++p) needed[p] = headers_left_ == 0 && got_[p] < recv_total_[p];
+    }
     std::vector<int> peers;
     for (int p = 0; p < R_; ++p) {
       if (p == ch_.rank_ || left_out_[p]) continue;
-      const bool receiving = !header_read_[p] || (headers_left_ == 0 && got_[p] < recv_total_[p]);
+      const bool receiving = !header_read_[p] || needed[p];
       const bool sends = !header_posted_[p] || sent_[p] < send_total_[p];
       if (receiving || (sending && sends)) peers.push_back(p);
     }
