@@ -634,6 +634,17 @@ bool shrinks(Transport t) {
   return t == Transport::shared_memory;
 }
 
+// A shrink-mode configuration of `c`: timeouts of timeout_s (the failure tests wait for them),
+// and with few_row_slots, slots of about 3 rows.
+constexpr bool kFewRowSlots = true;
+BufferConfig shrink_config(BufferConfig c, int R, bool few_row_slots = false,
+                           double timeout_s = 2) {
+  c.enable_shrink = true;
+  c.timeout_s = timeout_s;
+  if (few_row_slots) c.num_bytes = static_cast<int64_t>(R) * 8 * 1024;
+  return c;
+}
+
 std::vector<int> queried_masks(const Buffer& buffer, int R) {
   Tensor status = Tensor::empty({R}, DType::i32);
   status.fill_bytes_(0x7F);
@@ -655,9 +666,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 // again, bitwise as without shrink mode (the pairs' sequences stayed in step).
 TEST_P(EpTest, ShrinkLeavesMaskedRanksOut) {
   if (!shrinks(GetParam().transport)) GTEST_SKIP() << "shrink mode needs shared memory";
-  BufferConfig cfg = config();
-  cfg.enable_shrink = true;
-  Buffer buffer(comm(), cfg);
+  Buffer buffer(comm(), shrink_config(config(), R(), false, config().timeout_s));
   const Tokens tk = make_tokens(0.1);
   const World w = gather(tk);
   const int out = R() - 1;
@@ -691,10 +700,7 @@ TEST_P(EpTest, ShrinkLeavesMaskedRanksOut) {
 // masks it and completes without it; a later call does not wait for it; it cannot be unmasked.
 TEST_P(EpTest, ShrinkMasksARankThatStopsAtTheTimeout) {
   if (!shrinks(GetParam().transport)) GTEST_SKIP() << "shrink mode needs shared memory";
-  BufferConfig cfg = config();
-  cfg.enable_shrink = true;
-  cfg.timeout_s = 2;
-  Buffer buffer(comm(), cfg);
+  Buffer buffer(comm(), shrink_config(config(), R()));
   const Tokens tk = make_tokens(0.1);
   const World w = gather(tk);
   const int stops_at_dispatch = R() - 1, stops_at_combine = R() >= 4 ? R() - 2 : -1;
@@ -742,11 +748,7 @@ TEST_P(EpTest, ShrinkMasksARankThatStopsAtTheTimeout) {
 TEST_P(EpTest, ShrinkDropsARankThatStopsMidStream) {
   if (!shrinks(GetParam().transport) || GetParam().small_buffer)
     GTEST_SKIP() << "shrink mode needs shared memory; the test sets its own slots";
-  BufferConfig cfg = config();
-  cfg.enable_shrink = true;
-  cfg.timeout_s = 2;
-  cfg.num_bytes = static_cast<int64_t>(R()) * 8 * 1024;  // about 3 rows per slot
-  Buffer buffer(comm(), cfg);
+  Buffer buffer(comm(), shrink_config(config(), R(), kFewRowSlots));
   Tokens tk = make_tokens(0.1);
   const int out = R() - 1;
   if (me() == out)  // slot k on rank k % R: every token goes to every rank
@@ -780,11 +782,7 @@ TEST_P(EpTest, ShrinkDropsARankThatStopsMidStream) {
 TEST_P(EpTest, ShrinkDropsARankThatStopsMidCombine) {
   if (!shrinks(GetParam().transport) || GetParam().small_buffer)
     GTEST_SKIP() << "shrink mode needs shared memory; the test sets its own slots";
-  BufferConfig cfg = config();
-  cfg.enable_shrink = true;
-  cfg.timeout_s = 2;
-  cfg.num_bytes = static_cast<int64_t>(R()) * 8 * 1024;  // about 3 rows per slot
-  Buffer buffer(comm(), cfg);
+  Buffer buffer(comm(), shrink_config(config(), R(), kFewRowSlots));
   const Tokens tk = make_tokens(0.0);
   const int out = R() - 1;
   std::vector<char> left_out(R(), 0);
