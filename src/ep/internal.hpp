@@ -162,7 +162,7 @@ class Exchange {
   virtual bool poll() = 0;
   virtual bool has_headers() const = 0;  // every header arrived (outputs are allocated)
   virtual bool moved() const = 0;        // the last poll() moved something
-  // Shrink mode, on channels that support it (Channel::can_leave_out_peers): the peers the
+  // Shrink mode, on the shared-memory channel (the only one that supports it): the peers the
   // exchange still waits for, those it receives from and, with `sending`, those that do not take
   // what it sends; and leaving one of them out of the rest of the exchange.
   virtual std::vector<int> stalled_peers(bool /*sending*/) const { return {}; }
@@ -189,8 +189,6 @@ class Channel {
   virtual Tensor shared_output(const Shape& /*shape*/, DType /*dtype*/) { return {}; }
   // The bytes reserved for shared outputs.
   virtual size_t shared_output_bytes() const { return 0; }
-  // Whether exchanges honour ExchangeSpec::masked and Exchange::drop (shrink mode).
-  virtual bool can_leave_out_peers() const { return false; }
 };
 
 // Polls `exchange` until it finished (or, with until_headers, until every header arrived),

@@ -133,7 +133,6 @@ class ShmChannel final : public Channel {
   size_t max_header_bytes() const override { return header_cap_; }
   size_t chunk_bytes() const override { return chunk_; }
   bool holds_records() const override { return true; }
-  bool can_leave_out_peers() const override { return true; }
   // Held records keep their ring chunks (and a rank's own, their buffers): `slots` chunks, and n
   // consecutive records may start at the last record of a chunk.
   int64_t max_held_records(size_t record_bytes) const override {
