@@ -59,9 +59,12 @@ bool progress_thread_wanted();
 class Waiter {
  public:
   Waiter(double timeout_s, const char* fn, const char* what);
-  void progressed();     // something moved: restart the back-off and the deadline
-  void pause();          // nothing moved: back off; raises on timeout
-  bool expired() const;  // timeout_s passed without progress
+  void progressed();  // something moved: restart the back-off and the deadline
+  // Nothing moved: back off; raises once timeout_s passed without progress, unless the caller
+  // handles timeouts itself (raise_on_timeout false: it checks expired() and calls fail()).
+  void pause(bool raise_on_timeout = true);
+  bool expired() const;            // timeout_s passed without progress
+  [[noreturn]] void fail() const;  // raises the timeout
 
  private:
   using Clock = std::chrono::steady_clock;
