@@ -203,7 +203,10 @@ Prepared timed(const std::function<void()>& call, double bytes, const std::funct
   return prepared;
 }
 
-enum class Op { dispatch, dispatch_fp8, combine };
+// combine: of the dispatch's recv_x itself, as upstream's benchmark does (on shared memory the
+// owners then read the rows in place); combine_private: of a copy in private memory, as expert
+// outputs in a tensor of their own are, so the rows cross between the ranks as copies.
+enum class Op { dispatch, dispatch_fp8, combine, combine_private };
 
 // Case-name suffix of a transport.
 std::string suffix(ep::Transport transport) {
@@ -219,10 +222,12 @@ std::string suffix(ep::Transport transport) {
 
 BenchCase transfer_case(Op op, ep::Transport transport) {
   const bool mpi = transport != ep::Transport::shared_memory;
-  const std::string name = std::string(op == Op::combine ? "ep_combine_bf16" : "ep_dispatch_") +
-                           (op == Op::dispatch       ? "bf16"
-                            : op == Op::dispatch_fp8 ? "fp8"
-                                                     : "") +
+  const bool combine = op == Op::combine || op == Op::combine_private;
+  const std::string name = std::string(combine ? "ep_combine_bf16" : "ep_dispatch_") +
+                           (op == Op::dispatch          ? "bf16"
+                            : op == Op::dispatch_fp8    ? "fp8"
+                            : op == Op::combine_private ? "_private"
+                                                        : "") +
                            suffix(transport);
   return {.name = name,
           .shape = "T=4096(--quick 1024),H=7168,topk=8,E=256",
@@ -239,6 +244,9 @@ BenchCase transfer_case(Op op, ep::Transport transport) {
             std::function<void()> call;
             if (op == Op::combine) {
               call = [p] { p->buffer->combine(p->dispatched.recv_x, p->dispatched.handle); };
+            } else if (op == Op::combine_private) {
+              auto x = std::make_shared<Tensor>(p->dispatched.recv_x.clone());
+              call = [p, x] { p->buffer->combine(*x, p->dispatched.handle); };
             } else if (op == Op::dispatch_fp8) {
               call = [p] { p->buffer->dispatch(p->x_fp8, {.topk_idx = p->topk}); };
             } else {
@@ -246,7 +254,7 @@ BenchCase transfer_case(Op op, ep::Transport transport) {
                 p->buffer->dispatch(p->x, {.topk_idx = p->topk, .topk_weights = p->weights});
               };
             }
-            std::function<void()> peer = mpi ? alltoallv_peer(*p, kHidden * 2, op == Op::combine)
+            std::function<void()> peer = mpi ? alltoallv_peer(*p, kHidden * 2, combine)
                                              : memcpy_peer(static_cast<int64_t>(bytes));
             return timed(call, bytes, peer, ctx.quick);
           }};
@@ -484,6 +492,8 @@ void register_ep_cases(Registry& r) {
        {ep::Transport::shared_memory, ep::Transport::mpi_alltoallv, ep::Transport::mpi_one_sided}) {
     r.add(transfer_case(Op::dispatch, transport));
     r.add(transfer_case(Op::combine, transport));
+    if (transport == ep::Transport::shared_memory)
+      r.add(transfer_case(Op::combine_private, transport));
   }
   r.add(transfer_case(Op::dispatch_fp8, ep::Transport::shared_memory));
   r.add(overlap_case());

@@ -426,6 +426,9 @@ CombineResult run_combine(BufferImpl& b, const Tensor& x, const DispatchHandle& 
       return reinterpret_cast<const std::byte*>(self->c.x +
                                                 (self->plan->recv_offset[d] + i) * self->c.H);
     };
+    // When x is the dispatch's own recv_x in the shared-memory channel's outputs, the owners sum
+    // the rows where they are: only the weights cross.
+    spec.rows_readable_in_place = true;
     spec.pack_direct = [self](int d, int64_t first, int64_t n, std::byte* dst, std::byte* rows) {
       const int64_t H = self->c.H, K = self->c.K;
       for (int64_t i = 0; i < n; ++i, dst += self->spec.tail_bytes()) {

@@ -141,6 +141,12 @@ struct ExchangeSpec {
   int64_t consecutive_rows(int peer, int64_t first, int64_t most) const;
   // Bytes of a record without its row (direct rows).
   size_t tail_bytes() const { return record_bytes - direct_row_bytes; }
+  // Optional, with direct rows and hold_rows: a channel whose ranks map each other's shared outputs
+  // (shared memory) may leave the rows to a peer where they are when they lie one after the other
+  // inside this rank's shared outputs (a combine of the dispatch's own recv_x); the peer then
+  // reads them there in place, only the tails cross, and the exchange ends on this rank once the
+  // peer released every chunk, i.e. stopped reading the rows.
+  bool rows_readable_in_place = false;
 
   // Shrink mode (low-latency operations on channels that can leave peers out): masked[p] != 0
   // leaves peer p out of the exchange, no header or record to or from it (empty: nobody). The

@@ -56,8 +56,11 @@ size_t header_capacity(int num_ranks) {
   return align_up(128 + 4 * static_cast<size_t>(num_ranks) + 4 * kMaxLocalExperts, 64);
 }
 
+// Counters per (owner, peer) pair, one 64-byte line each (ShmChannel::counter).
+constexpr size_t kCountersPerPeer = 7;
+
 size_t control_bytes(int num_ranks) {
-  return 6 * 64 * static_cast<size_t>(num_ranks);
+  return kCountersPerPeer * 64 * static_cast<size_t>(num_ranks);
 }
 
 namespace {
@@ -156,10 +159,12 @@ class ShmChannel final : public Channel {
 
  private:
   friend class ShmExchange;
-  // Counter `which` (0..5) of peer `d` in the segment of `owner`.
+  // Counter `which` of peer `d` in the segment of `owner`: 0 header posted, 1 header taken, 2
+  // chunks posted, 3 chunks taken, 4 reply posted, 5 the reply (where d's rows land in owner's
+  // outputs), 6 where owner's rows for d lie in owner's outputs when d reads them in place.
   uint64_t* counter(int owner, int d, int which) const {
     return reinterpret_cast<uint64_t*>(maps_[owner].base +
-                                       (static_cast<size_t>(d) * 6 + which) * 64);
+                                       (static_cast<size_t>(d) * kCountersPerPeer + which) * 64);
   }
   // Offset + 1 of p in this rank's output blocks, or 0 when p is not in them.
   uint64_t output_offset(const std::byte* p) const {
@@ -285,6 +290,8 @@ class ShmExchange final : public Exchange {
     // A reply only says where rows land; without direct_dest they never do.
     reply_read_.assign(R_, spec.direct_row_bytes == 0 || !spec.direct_dest);
     rows_from_.assign(R_, false);
+    rows_in_place_to_.assign(R_, 0);
+    rows_in_place_from_.assign(R_, nullptr);
     seq_.assign(R_, 0);
     left_out_.assign(R_, false);
     for (int p = 0; p < R_; ++p) {
@@ -294,6 +301,8 @@ class ShmExchange final : public Exchange {
         leave_out(p);
       }
     }
+    for (int d = 0; d < R_; ++d)
+      if (d != ch_.rank_ && !left_out_[d]) rows_in_place_to_[d] = rows_in_place_offset(d);
   }
 
   bool has_headers() const override { return headers_left_ == 0; }
@@ -312,7 +321,7 @@ class ShmExchange final : public Exchange {
     for (int p = 0; p < R_; ++p) {
       if (p == ch_.rank_ || left_out_[p]) continue;
       const bool receiving = !header_read_[p] || needed[p];
-      const bool sends = !header_posted_[p] || sent_[p] < send_total_[p];
+      const bool sends = !header_posted_[p] || sent_[p] < send_total_[p] || rows_still_read(p);
       if (receiving || (sending && sends)) peers.push_back(p);
     }
     return peers;
@@ -337,7 +346,7 @@ class ShmExchange final : public Exchange {
     bool done = headers_left_ == 0 && headers_to_post_ == 0;
     for (int d = 0; d < R_; ++d) {
       if (d != ch_.rank_ && send(d)) moved = true;
-      done = done && sent_[d] == send_total_[d];
+      done = done && sent_[d] == send_total_[d] && !rows_still_read(d);
     }
     if (headers_left_ == 0) {
       for (int s = 0; s < R_; ++s) {
@@ -362,6 +371,7 @@ class ShmExchange final : public Exchange {
       if (header_posted_[d] || load_acquire(ch_.counter(ch_.rank_, d, 1)) + 1 < seq_[d]) continue;
       std::memcpy(ch_.header(ch_.rank_, d), spec_.send_headers.data() + spec_.header_bytes * d,
                   spec_.header_bytes);
+      __atomic_store_n(ch_.counter(ch_.rank_, d, 6), rows_in_place_to_[d], __ATOMIC_RELAXED);
       store_release(ch_.counter(ch_.rank_, d, 0), seq_[d]);
       header_posted_[d] = true;
       --headers_to_post_;
@@ -377,6 +387,12 @@ class ShmExchange final : public Exchange {
       if (header_read_[s] || load_acquire(ch_.counter(s, ch_.rank_, 0)) < seq_[s]) continue;
       std::memcpy(spec_.recv_headers.data() + spec_.header_bytes * s, ch_.header(s, ch_.rank_),
                   spec_.header_bytes);
+      if (const uint64_t at = __atomic_load_n(ch_.counter(s, ch_.rank_, 6), __ATOMIC_RELAXED)) {
+        DSK_CHECK(spec_.hold_rows != nullptr, "ep::Buffer (shared memory)",
+                  "internal: rank " + std::to_string(s) +
+                      " leaves its rows in place for an operation that cannot read them there");
+        rows_in_place_from_[s] = ch_.maps_[s].base + (at - 1);
+      }
       store_release(ch_.counter(s, ch_.rank_, 1), seq_[s]);
       header_read_[s] = true;
       --headers_left_;
@@ -408,6 +424,26 @@ class ShmExchange final : public Exchange {
     send_total_[p] = sent_[p];
     recv_total_[p] = got_[p];
     reply_read_[p] = true;
+    rows_in_place_to_[p] = 0;
+  }
+
+  // Offset + 1 in this rank's segment of its rows to d when d may read them there (see
+  // ExchangeSpec::rows_readable_in_place), else 0.
+  uint64_t rows_in_place_offset(int d) const {
+    const int64_t n = spec_.send_records[d];
+    if (!spec_.rows_readable_in_place || !spec_.hold_rows || n == 0) return 0;
+    const std::byte* rows = spec_.contiguous_rows(d, 0, n);
+    const uint64_t begin = ch_.output_offset(rows);
+    if (begin == 0 ||
+        ch_.output_offset(rows + static_cast<size_t>(n) * spec_.direct_row_bytes - 1) == 0)
+      return 0;
+    return begin;
+  }
+
+  // Whether d may still be reading this rank's rows in place: it has not released every chunk.
+  bool rows_still_read(int d) const {
+    return rows_in_place_to_[d] != 0 &&
+           load_acquire(ch_.counter(ch_.rank_, d, 3)) != ch_.posted_[d];
   }
 
   // Tells every sender where its rows go in this rank's outputs (or that they travel in the
@@ -440,7 +476,9 @@ class ShmExchange final : public Exchange {
 
   // Packs records [first, first + n) for d at dst, their rows straight to d's output if d has one.
   void pack(int d, int64_t first, int64_t n, std::byte* dst) {
-    if (rows_to_[d] != nullptr) {
+    if (rows_in_place_to_[d] != 0) {  // d reads the rows where they are: the tails only
+      spec_.pack_direct(d, first, n, dst, nullptr);
+    } else if (rows_to_[d] != nullptr) {
       spec_.pack_direct(d, first, n, dst,
                         rows_to_[d] + static_cast<size_t>(first) * spec_.direct_row_bytes);
     } else {
@@ -525,7 +563,12 @@ class ShmExchange final : public Exchange {
       const int64_t first = got_[s] * per_chunk_;
       const int64_t n = std::min(per_chunk_, spec_.recv_records[s] - first);
       const std::byte* src = ch_.slot(s, ch_.rank_, read++, slots_, slot_bytes_);
-      if (spec_.hold) {
+      if (rows_in_place_from_[s] != nullptr) {
+        spec_.hold_rows(
+            s, first, n, src,
+            rows_in_place_from_[s] + static_cast<size_t>(first) * spec_.direct_row_bytes);
+        held_[s].push_back(first + n);
+      } else if (spec_.hold) {
         spec_.hold(s, first, n, src);
         held_[s].push_back(first + n);
       } else {
@@ -573,6 +616,10 @@ class ShmExchange final : public Exchange {
   // was read; per sender, whether its rows land directly.
   std::vector<std::byte*> rows_to_;
   std::vector<bool> reply_read_, rows_from_;
+  // Rows read in place: per receiver, the offset + 1 of this rank's rows to it (0: they travel),
+  // and per sender, where its rows to this rank lie in its segment (null: they travel).
+  std::vector<uint64_t> rows_in_place_to_;
+  std::vector<const std::byte*> rows_in_place_from_;
   // Per sender: the end (in records) of each chunk held, oldest first (hold mode).
   std::vector<std::deque<int64_t>> held_;
   std::deque<std::vector<std::byte>> self_held_;  // buffers of the held chunks to this rank

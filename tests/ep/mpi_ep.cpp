@@ -253,6 +253,36 @@ TEST_P(EpTest, CombineOfIdentityExpertsIsXTimesRanksPlusBias) {
   }
 }
 
+// Expert outputs written over the dispatch's own recv_x (which the shared-memory channel keeps in
+// its shared outputs, so the owners read those rows in place and only the weights cross) combine
+// bitwise as the same rows in a private tensor do (the rows then cross as copies), in upstream's
+// order; twice, so the second dispatch's outputs take the other shared block.
+TEST_P(EpTest, CombineOfRowsWrittenOverRecvXEqualsCombineOfACopy) {
+  auto buffer = make_buffer();
+  const auto [T, x, topk, w] = make_tokens(0.25);
+  for (int round = 0; round < 2; ++round) {
+    const DispatchResult d = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
+    const Tensor answers = answer_rows(d, kHidden, me());
+    const Tensor bias = random_bf16(T, kHidden, rng);
+    std::memcpy(d.recv_x.data_ptr(), answers.data_ptr(), answers.nbytes());
+    const CombineArgs args{.topk_weights = *d.recv_topk_weights, .bias = {bias}};
+    const CombineResult in_place = buffer->combine(d.recv_x, d.handle, args);
+    const CombineResult copied = buffer->combine(answers, d.handle, args);
+    ASSERT_EQ(std::memcmp(in_place.combined_x.data_ptr(), copied.combined_x.data_ptr(),
+                          in_place.combined_x.nbytes()),
+              0);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < kHidden; ++h) {
+        const float acc = upstream_order_sum(topk, t, El(), me() * kTmax + t, h,
+                                             bf16_to_f32(bias.at<bf16>({t, h})));
+        ASSERT_EQ(in_place.combined_x.at<bf16>({t, h}).bits, f32_to_bf16(acc).bits)
+            << round << ": " << t << "," << h;
+      }
+    }
+    expect_combined_weights(in_place, topk, w);
+  }
+}
+
 // Rank r answers every received token with combine_value(gid, r): the owner recomputes the sum in
 // refs.py order (bias first, then each rank at its last top-k slot) and compares bitwise.
 TEST_P(EpTest, CombineFollowsTheUpstreamReductionOrder) {
