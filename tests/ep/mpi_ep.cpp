@@ -256,12 +256,16 @@ TEST_P(EpTest, CombineOfIdentityExpertsIsXTimesRanksPlusBias) {
 // Expert outputs written over the dispatch's own recv_x (which the shared-memory channel keeps in
 // its shared outputs, so the owners read those rows in place and only the weights cross) combine
 // bitwise as the same rows in a private tensor do (the rows then cross as copies), in upstream's
-// order; twice, so the second dispatch's outputs take the other shared block.
+// order; twice, the first result kept alive so that the second dispatch's outputs take the other
+// shared block.
 TEST_P(EpTest, CombineOfRowsWrittenOverRecvXEqualsCombineOfACopy) {
   auto buffer = make_buffer();
   const auto [T, x, topk, w] = make_tokens(0.25);
+  std::vector<DispatchResult> kept;
+  kept.reserve(2);
   for (int round = 0; round < 2; ++round) {
-    const DispatchResult d = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
+    const DispatchResult& d =
+        kept.emplace_back(buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w}));
     const Tensor answers = answer_rows(d, kHidden, me());
     const Tensor bias = random_bf16(T, kHidden, rng);
     std::memcpy(d.recv_x.data_ptr(), answers.data_ptr(), answers.nbytes());
@@ -359,6 +363,7 @@ TEST_P(EpTest, CombinesOfModelSizedRowsKeepTheUpstreamOrder) {
 TEST_P(EpTest, DispatchResultsOutliveEachOtherAndTheBuffer) {
   auto buffer = make_buffer();
   std::vector<DispatchResult> kept;
+  kept.reserve(2);
   std::vector<RefDispatch> refs;
   for (int i = 0; i < 4; ++i) {
     const auto [T, x, topk, w] = make_tokens();
