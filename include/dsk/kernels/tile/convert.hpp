@@ -476,10 +476,11 @@ inline Bf16ToE2m1Pow2 bf16_to_e2m1_pow2(int k) {
           _mm512_set1_epi16(static_cast<int16_t>((k < 0 ? -k : 0) * 128))};
 }
 
-// 32 bf16 (the words of x) -> 16 bytes of e2m1 codes of x * 2^k (even value in the low nibble).
-// The threshold count is one VPERMI2W lookup of the scaled bits' bucket, the sign selecting the
-// table's upper half (convert_detail::kE2m1CodeTable); it replaced seven compares and masked adds.
-inline __m128i bf16x32_to_e2m1_pow2(__m512i x, const Bf16ToE2m1Pow2& c) {
+// 32 bf16 (the words of x) -> 16 dwords whose low byte is the e2m1 codes of a pair of x * 2^k
+// (even value in the low nibble; the other bytes are not zero). The threshold count is one
+// VPERMI2W lookup of the scaled bits' bucket, the sign selecting the table's upper half
+// (convert_detail::kE2m1CodeTable); it replaced seven compares and masked adds.
+inline __m512i bf16x32_to_e2m1_pow2_dwords(__m512i x, const Bf16ToE2m1Pow2& c) {
   const __m512i abs_bits = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
   const __m512i scaled = _mm512_subs_epu16(_mm512_adds_epu16(abs_bits, c.up), c.down);
   const __m512i bucket =
@@ -494,7 +495,25 @@ inline __m128i bf16x32_to_e2m1_pow2(__m512i x, const Bf16ToE2m1Pow2& c) {
   const __mmask32 number = _mm512_cmple_epu16_mask(abs_bits, _mm512_set1_epi16(0x7F80));
   code = _mm512_maskz_mov_epi16(number, code);
   // Words (even, odd) of each 32-bit lane -> even | odd << 4 in its low byte.
-  return _mm512_cvtepi32_epi8(_mm512_or_si512(code, _mm512_srli_epi32(code, 12)));
+  return _mm512_or_si512(code, _mm512_srli_epi32(code, 12));
+}
+
+// 32 bf16 (the words of x) -> 16 bytes of e2m1 codes of x * 2^k (even value in the low nibble).
+inline __m128i bf16x32_to_e2m1_pow2(__m512i x, const Bf16ToE2m1Pow2& c) {
+  return _mm512_cvtepi32_epi8(bf16x32_to_e2m1_pow2_dwords(x, c));
+}
+
+// The low bytes of the dwords of a, b, c and d, in that order: 64 bytes from two VPERMT2B and one
+// lane insert, where four VPMOVDB (two micro-ops each) and four 16-byte stores narrowed them.
+inline __m512i low_bytes_of_dwords_x4(__m512i a, __m512i b, __m512i c, __m512i d) {
+  // Byte i < 16: byte 4i of the first source; byte 16 + i: byte 4i of the second (index 64 + 4i).
+  const __m512i index = _mm512_set_epi8(
+      124, 120, 116, 112, 108, 104, 100, 96, 92, 88, 84, 80, 76, 72, 68, 64, 60, 56, 52, 48, 44, 40,
+      36, 32, 28, 24, 20, 16, 12, 8, 4, 0, 124, 120, 116, 112, 108, 104, 100, 96, 92, 88, 84, 80,
+      76, 72, 68, 64, 60, 56, 52, 48, 44, 40, 36, 32, 28, 24, 20, 16, 12, 8, 4, 0);
+  const __m512i ab = _mm512_permutex2var_epi8(a, index, b);
+  const __m512i cd = _mm512_permutex2var_epi8(c, index, d);
+  return _mm512_inserti64x4(ab, _mm512_castsi512_si256(cd), 1);
 }
 
 inline __m128i f32x16_to_e5m2(__m512 x) {

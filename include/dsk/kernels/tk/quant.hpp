@@ -396,10 +396,10 @@ DSK_TK_INLINE void quantize_row_bf16(const bf16* v, int64_t cols, const QuantOut
       return [&](const bf16* x, int64_t kb, const float* inv) {
         typename S::E2m1Pow2x16 s;
         if (!S::e2m1_pow2_x16(inv, &s)) return false;
-        for (int b = 0; b < 16; ++b) {
-          prefetch_ahead(x + b * kGroup, kChunkValues);
-          S::store_e2m1_bf16x32_pow2_of(reinterpret_cast<fp4x2*>(out + (kb + b) * kGroupBytes),
-                                        x + b * kGroup, s, b);
+        for (int b = 0; b < 16; b += 4) {
+          for (int i = 0; i < 4; ++i) prefetch_ahead(x + (b + i) * kGroup, kChunkValues);
+          S::store_e2m1_bf16x32_pow2_of_x4(reinterpret_cast<fp4x2*>(out + (kb + b) * kGroupBytes),
+                                           x + b * kGroup, s, b);
         }
         return true;
       };

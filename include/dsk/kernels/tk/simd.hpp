@@ -233,6 +233,10 @@ struct Simd<tile::generic_t> {
   static void store_e2m1_bf16x32_pow2_of(fp4x2* p, const bf16* x, const E2m1Pow2x16& s, int b) {
     store_e2m1_bf16x32_pow2(p, x, s.block[b]);
   }
+  // Blocks b .. b + 3 (b a multiple of 4) of 32 values at x, x + 32, ..., to p, p + 16, ....
+  static void store_e2m1_bf16x32_pow2_of_x4(fp4x2* p, const bf16* x, const E2m1Pow2x16& s, int b) {
+    for (int i = 0; i < 4; ++i) store_e2m1_bf16x32_pow2(p + 16 * i, x + 32 * i, s.block[b + i]);
+  }
 
   // n (even) e2m1 values from n / 2 bytes.
   static F load_e2m1_n(const fp4x2* p, int n) {
@@ -667,10 +671,20 @@ struct Simd<tile::avx512_t> {
     return true;
   }
   static void store_e2m1_bf16x32_pow2_of(fp4x2* p, const bf16* x, const E2m1Pow2x16& s, int b) {
-    const tile::Bf16ToE2m1Pow2 c{_mm512_set1_epi16(static_cast<int16_t>(s.up[b])),
-                                 _mm512_set1_epi16(static_cast<int16_t>(s.down[b]))};
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                     tile::bf16x32_to_e2m1_pow2(_mm512_loadu_si512(x), c));
+                     tile::bf16x32_to_e2m1_pow2(_mm512_loadu_si512(x), shifts_of(s, b)));
+  }
+  // Four blocks' codes narrowed together (tile::low_bytes_of_dwords_x4), one 64-byte store.
+  static void store_e2m1_bf16x32_pow2_of_x4(fp4x2* p, const bf16* x, const E2m1Pow2x16& s, int b) {
+    const auto dwords = [&](int i) {
+      return tile::bf16x32_to_e2m1_pow2_dwords(_mm512_loadu_si512(x + 32 * i), shifts_of(s, b + i));
+    };
+    _mm512_storeu_si512(p,
+                        tile::low_bytes_of_dwords_x4(dwords(0), dwords(1), dwords(2), dwords(3)));
+  }
+  static tile::Bf16ToE2m1Pow2 shifts_of(const E2m1Pow2x16& s, int b) {
+    return {_mm512_set1_epi16(static_cast<int16_t>(s.up[b])),
+            _mm512_set1_epi16(static_cast<int16_t>(s.down[b]))};
   }
 
   static F load_e4m3_n(const e4m3* p, int n) {
