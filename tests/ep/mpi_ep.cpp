@@ -363,7 +363,6 @@ TEST_P(EpTest, CombinesOfModelSizedRowsKeepTheUpstreamOrder) {
 TEST_P(EpTest, DispatchResultsOutliveEachOtherAndTheBuffer) {
   auto buffer = make_buffer();
   std::vector<DispatchResult> kept;
-  kept.reserve(2);
   std::vector<RefDispatch> refs;
   for (int i = 0; i < 4; ++i) {
     const auto [T, x, topk, w] = make_tokens();

@@ -230,9 +230,6 @@ struct Simd<tile::generic_t> {
     }
     return true;
   }
-  static void store_e2m1_bf16x32_pow2_of(fp4x2* p, const bf16* x, const E2m1Pow2x16& s, int b) {
-    store_e2m1_bf16x32_pow2(p, x, s.block[b]);
-  }
   // Blocks b .. b + 3 (b a multiple of 4) of 32 values at x, x + 32, ..., to p, p + 16, ....
   static void store_e2m1_bf16x32_pow2_of_x4(fp4x2* p, const bf16* x, const E2m1Pow2x16& s, int b) {
     for (int i = 0; i < 4; ++i) store_e2m1_bf16x32_pow2(p + 16 * i, x + 32 * i, s.block[b + i]);
@@ -669,10 +666,6 @@ struct Simd<tile::avx512_t> {
     _mm256_store_si256(reinterpret_cast<__m256i*>(s->up), _mm512_cvtepi32_epi16(up));
     _mm256_store_si256(reinterpret_cast<__m256i*>(s->down), _mm512_cvtepi32_epi16(down));
     return true;
-  }
-  static void store_e2m1_bf16x32_pow2_of(fp4x2* p, const bf16* x, const E2m1Pow2x16& s, int b) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                     tile::bf16x32_to_e2m1_pow2(_mm512_loadu_si512(x), shifts_of(s, b)));
   }
   // Four blocks' codes narrowed together (tile::low_bytes_of_dwords_x4), one 64-byte store.
   static void store_e2m1_bf16x32_pow2_of_x4(fp4x2* p, const bf16* x, const E2m1Pow2x16& s, int b) {
