@@ -283,6 +283,31 @@ TEST_P(Quant, PerBlockAndPerChannelCasts) {
   }
 }
 
+// A weight whose codes (8 MiB) are written around the caches: bf16 rows in 128 x 128 blocks, with
+// zeros and tiny values that send some 64-value groups through the plain-store fallback among
+// the streamed ones, an odd width whose rows end mid-line, and a NaN block; codes and scales equal
+// the reference's, on a recycled poisoned buffer.
+TEST_P(Quant, PerBlockCastOfALargeWeightStreamsItsCodes) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{4096, 2048}, {2050, 4100}}) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(::testing::Message() << rows << "x" << cols << " seed " << seed);
+    Tensor x = ref::randn({rows, cols}, DType::bf16, seed);
+    std::mt19937_64 rng(seed);
+    for (int i = 0; i < 2000; ++i) {
+      const int64_t r = static_cast<int64_t>(rng() % rows), c = static_cast<int64_t>(rng() % cols);
+      x.at<bf16>({r, c}) = i % 2 == 0 ? bf16{0} : numeric::f32_to_bf16(1e-7f);
+    }
+    x.at<bf16>({300, 1000}) = bf16{0x7FC0};
+    for (bool round_sf : {false, true}) {
+      ref::poison(Tensor::empty({rows, cols}, DType::e4m3));
+      const QuantTensor got = per_block_cast(x, "e4m3", {128, 128}, false, round_sf);
+      EXPECT_TRUE(same_cast(got, ref::tk::per_block_cast(x, "e4m3", {128, 128}, round_sf),
+                            blocks_of(rows, 128), blocks_of(cols, 128)))
+          << "round_sf " << round_sf;
+    }
+  }
+}
+
 TEST_P(Quant, CastBackDequantizesEveryLayout) {
   const uint64_t seed = fresh_seed();
   const Tensor x = ref::randn({77, 7168}, DType::bf16, seed);

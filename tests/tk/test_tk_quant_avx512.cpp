@@ -1,9 +1,10 @@
 // The integer e4m3 paths of the per-token cast (power-of-two scales) against the f32 path they
 // replace: tile::bf16x32_to_e4m3_pow2 on every bf16 bit pattern and every scale exponent (range
 // test and codes), the Simd stores with their fallback on both backends, the f32 variant on random
-// and boundary values and four vectors at once, the 16-bit amax (one block and 16 at once), the
-// e2m1 constants of 16 blocks at once, and the bf16 pair loads and stores of reduce_fused.
-// Built with the AVX-512 flags; skipped on CPUs without the avx512 backend.
+// and boundary values and four vectors at once (also of bf16 products loaded in pairs), the 16-bit
+// amax (one block and 16 at once), the e2m1 constants of 16 blocks at once, and the bf16 pair loads
+// and stores of reduce_fused. Built with the AVX-512 flags; skipped on CPUs without the avx512
+// backend.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -181,6 +182,49 @@ void f32_store_of_64_is_four_stores_of_16() {
   EXPECT_GT(fallback, 1000);
 }
 
+// The 64 codes of bf16 values times an f32 factor, loaded in pairs and interleaved back
+// (per_block_cast's bf16 codes): mostly products in range, so that the integer path and, when a
+// lane of the 64 is out of range, the fallback both run; every scale exponent, plain and
+// non-temporal stores (aligned and not), both backends, against the rule.
+void bf16_store_of_64_products_is_four_stores_of_16() {
+  std::mt19937 rng(static_cast<uint32_t>(test::fresh_seed()));
+  int fast = 0, fallback = 0;
+  for (int k = -126; k <= 120; ++k) {
+    const auto sa = Avx::e4m3_pow2(k);
+    const auto sg = Generic::e4m3_pow2(k);
+    for (int it = 0; it < 24; ++it) {
+      const float f = 1.0f + static_cast<float>(rng() % 4096) / 4096.0f;  // not a power of two
+      bf16 x[64];
+      bool in_range = true;
+      for (int i = 0; i < 64; ++i) {
+        const int e = std::clamp(121 - k + static_cast<int>(rng() % 13), 1, 254);
+        x[i] = bf16{static_cast<uint16_t>((rng() & 0x807Fu) | static_cast<uint32_t>(e) << 7)};
+        if (rng() % 200 == 0) x[i] = bf16{static_cast<uint16_t>(rng())};  // anything
+        const float v = std::fabs(numeric::bf16_to_f32(x[i]) * f * std::ldexp(1.0f, k));
+        in_range = in_range && v >= std::ldexp(1.0f, -6) && v <= 464.0f;
+      }
+      (in_range ? fast : fallback)++;
+      alignas(64) uint8_t got[65], streamed[64], generic[64];
+      Avx::store_e4m3_pow2_bf16x64_times(reinterpret_cast<e4m3*>(got + it % 2), x, Avx::set1(f), sa,
+                                         it % 4 < 2);
+      Avx::store_e4m3_pow2_bf16x64_times(reinterpret_cast<e4m3*>(streamed), x, Avx::set1(f), sa,
+                                         true);
+      Avx::stream_fence();
+      Generic::store_e4m3_pow2_bf16x64_times(reinterpret_cast<e4m3*>(generic), x, Generic::set1(f),
+                                             sg, true);
+      for (int i = 0; i < 64; ++i) {
+        const float v = numeric::bf16_to_f32(x[i]) * f * std::ldexp(1.0f, k);
+        ASSERT_EQ(generic[i], numeric::f32_to_e4m3(v).bits) << x[i].bits << " k " << k;
+        ASSERT_EQ(got[i + it % 2], generic[i])
+            << "bf16 " << x[i].bits << " lane " << i << " k " << k;
+        ASSERT_EQ(streamed[i], generic[i]) << "bf16 " << x[i].bits << " lane " << i << " k " << k;
+      }
+    }
+  }
+  EXPECT_GT(fast, 1000);  // both paths taken
+  EXPECT_GT(fallback, 1000);
+}
+
 // bf16 rows split into even and odd positions and stored back interleaved, as bf16, f32 and e4m3,
 // on both backends (reduce_fused's bf16 path).
 void bf16_pairs_load_and_store_in_order() {
@@ -317,6 +361,8 @@ DSK_ISA_TESTS(tk_quant_avx512_tests,
                &tk::f32_integer_path_is_the_f32_path},
               {"QuantBf16E4m3", "F32StoreOf64IsFourStoresOf16", Backend::avx512,
                &tk::f32_store_of_64_is_four_stores_of_16},
+              {"QuantBf16E4m3", "Bf16StoreOf64ProductsIsFourStoresOf16", Backend::avx512,
+               &tk::bf16_store_of_64_products_is_four_stores_of_16},
               {"SimdPairs", "Bf16PairsLoadAndStoreInOrder", Backend::avx512,
                &tk::bf16_pairs_load_and_store_in_order},
               {"QuantBf16E4m3", "AbsMaxIsTheF32AbsMax", Backend::avx512,

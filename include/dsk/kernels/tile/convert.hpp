@@ -11,6 +11,7 @@
 //   f32 -> e4m3   f32x16_to_e4m3                      16      (RNE, saturating, NaN kept)
 //   bf16 -> e4m3  bf16x32_to_e4m3_pow2                32      (times 2^k; normal range only)
 //   f32 -> e4m3   f32x16_to_e4m3_pow2, f32x64_...     16, 64  (times 2^k; normal range only)
+//                 f32x64_pairs_to_e4m3_pow2           64      (the same, values in pairs)
 //   e5m2 <-> f32  e5m2x16_to_f32, f32x16_to_e5m2      16      (RNE, overflow to inf)
 //   f16 <-> f32   f16x16_to_f32, f32x16_to_f16        16      (F16C)
 //   e2m1 -> f32   e2m1x16_to_f32                      16      (from 8 packed fp4x2 bytes)
@@ -401,12 +402,12 @@ inline F32ToE4m3Pow2 f32_to_e4m3_pow2(int k) {
 namespace convert_detail {
 
 // The e4m3 codes of x * 2^k in the low byte of each 32-bit lane, the other bytes zero, for the
-// lanes in range (see F32ToE4m3Pow2); `out_of_range` gets the others.
-inline __m512i f32x16_to_e4m3_pow2_words(__m512 x, const F32ToE4m3Pow2& c,
-                                         __mmask16* out_of_range) {
+// lanes in range (see F32ToE4m3Pow2); `offset` gets |x|'s bits minus those of the range's low
+// end, which are at least c.span (unsigned) exactly where a lane is out of range.
+inline __m512i f32x16_to_e4m3_pow2_words(__m512 x, const F32ToE4m3Pow2& c, __m512i* offset) {
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i abs_bits = _mm512_and_si512(bits, c.abs_mask);
-  *out_of_range = _mm512_cmpge_epu32_mask(_mm512_sub_epi32(abs_bits, c.low), c.span);
+  *offset = _mm512_sub_epi32(abs_bits, c.low);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(abs_bits, 20), c.one);
   const __m512i code =
       _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(abs_bits, lsb), c.round_bias), 20);
@@ -414,10 +415,24 @@ inline __m512i f32x16_to_e4m3_pow2_words(__m512 x, const F32ToE4m3Pow2& c,
   return _mm512_ternarylogic_epi32(code, sign, c.sign_bit, 0xF8);
 }
 
+// Whether a lane of any of four conversions is out of range, from their offsets.
+// NOTES: one compare of the offsets' unsigned maximum (three VPMAXUD) instead of four compares
+// measured the same (per_block_cast and RMSNorm + cast, hot, one thread): GCC ORs the four masks
+// in general registers, likely off the vector ports that bound these loops.
+inline __mmask16 any_out_of_range(__m512i o0, __m512i o1, __m512i o2, __m512i o3,
+                                  const F32ToE4m3Pow2& c) {
+  return static_cast<__mmask16>(
+      _mm512_cmpge_epu32_mask(o0, c.span) | _mm512_cmpge_epu32_mask(o1, c.span) |
+      _mm512_cmpge_epu32_mask(o2, c.span) | _mm512_cmpge_epu32_mask(o3, c.span));
+}
+
 }  // namespace convert_detail
 
 inline __m128i f32x16_to_e4m3_pow2(__m512 x, const F32ToE4m3Pow2& c, __mmask16* out_of_range) {
-  return _mm512_cvtepi32_epi8(convert_detail::f32x16_to_e4m3_pow2_words(x, c, out_of_range));
+  __m512i offset;
+  const __m512i words = convert_detail::f32x16_to_e4m3_pow2_words(x, c, &offset);
+  *out_of_range = _mm512_cmpge_epu32_mask(offset, c.span);
+  return _mm512_cvtepi32_epi8(words);
 }
 
 // f32x16_to_e4m3_pow2 of 64 values (x0: values 0..15, x1: 16..31, ...), the 64 codes in order.
@@ -427,17 +442,41 @@ inline __m128i f32x16_to_e4m3_pow2(__m512 x, const F32ToE4m3Pow2& c, __mmask16* 
 // `out_of_range` is nonzero if a lane of any of the four is out of range.
 inline __m512i f32x64_to_e4m3_pow2(__m512 x0, __m512 x1, __m512 x2, __m512 x3,
                                    const F32ToE4m3Pow2& c, __mmask16* out_of_range) {
-  __mmask16 m0, m1, m2, m3;
-  const __m512i c0 = convert_detail::f32x16_to_e4m3_pow2_words(x0, c, &m0);
-  const __m512i c1 = convert_detail::f32x16_to_e4m3_pow2_words(x1, c, &m1);
-  const __m512i c2 = convert_detail::f32x16_to_e4m3_pow2_words(x2, c, &m2);
-  const __m512i c3 = convert_detail::f32x16_to_e4m3_pow2_words(x3, c, &m3);
-  *out_of_range = static_cast<__mmask16>(m0 | m1 | m2 | m3);
+  __m512i o0, o1, o2, o3;
+  const __m512i c0 = convert_detail::f32x16_to_e4m3_pow2_words(x0, c, &o0);
+  const __m512i c1 = convert_detail::f32x16_to_e4m3_pow2_words(x1, c, &o1);
+  const __m512i c2 = convert_detail::f32x16_to_e4m3_pow2_words(x2, c, &o2);
+  const __m512i c3 = convert_detail::f32x16_to_e4m3_pow2_words(x3, c, &o3);
+  *out_of_range = convert_detail::any_out_of_range(o0, o1, o2, o3, c);
   // Each 128-bit lane j of the packed bytes holds dwords j of c0, c1, c2, c3 in that order.
   const __m512i packed =
       _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_epi32(order, packed);
+}
+
+// f32x64_to_e4m3_pow2 of 64 values given in pairs, as Simd::load_bf16_pairs splits bf16 rows:
+// e0 holds values 0, 2, .., 30, o0 values 1, 3, .., 31, and e1, o1 the same of values 32 .. 63.
+// Two VPERMT2B interleave the code bytes and one insert joins the halves, so the pairs cost no
+// more to narrow than f32x64_to_e4m3_pow2's packs; loading a bf16 row in pairs takes one load
+// and two operations per 32 values where widening takes two loads and four operations.
+inline __m512i f32x64_pairs_to_e4m3_pow2(__m512 e0, __m512 o0, __m512 e1, __m512 o1,
+                                         const F32ToE4m3Pow2& c, __mmask16* out_of_range) {
+  __m512i oe0, oo0, oe1, oo1;
+  const __m512i ce0 = convert_detail::f32x16_to_e4m3_pow2_words(e0, c, &oe0);
+  const __m512i co0 = convert_detail::f32x16_to_e4m3_pow2_words(o0, c, &oo0);
+  const __m512i ce1 = convert_detail::f32x16_to_e4m3_pow2_words(e1, c, &oe1);
+  const __m512i co1 = convert_detail::f32x16_to_e4m3_pow2_words(o1, c, &oo1);
+  *out_of_range = convert_detail::any_out_of_range(oe0, oo0, oe1, oo1, c);
+  // Byte 2i: byte 4i of the even codes; byte 2i + 1: byte 4i of the odd ones (index 64 + 4i).
+  // Only the low 32 bytes of each permute are kept.
+  const __m512i index = _mm512_set_epi8(
+      124, 60, 120, 56, 116, 52, 112, 48, 108, 44, 104, 40, 100, 36, 96, 32, 92, 28, 88, 24, 84, 20,
+      80, 16, 76, 12, 72, 8, 68, 4, 64, 0, 124, 60, 120, 56, 116, 52, 112, 48, 108, 44, 104, 40,
+      100, 36, 96, 32, 92, 28, 88, 24, 84, 20, 80, 16, 76, 12, 72, 8, 68, 4, 64, 0);
+  const __m512i low = _mm512_permutex2var_epi8(ce0, index, co0);
+  const __m512i high = _mm512_permutex2var_epi8(ce1, index, co1);
+  return _mm512_inserti64x4(low, _mm512_castsi512_si256(high), 1);
 }
 
 // 32 bf16 (the words of x) -> 32 e4m3 codes of x * 2^k; `out_of_range` gets the lanes outside

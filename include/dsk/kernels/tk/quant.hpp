@@ -45,6 +45,9 @@ struct QuantOut {
   void* out = nullptr;
   int64_t out_stride = 0;
   ScaleLayout sf;
+  // Codes may be written around the caches (an output too large to stay in them, which nothing
+  // reads before the call returns); only per_block_cast's bf16 codes are, so far.
+  bool stream = false;
 };
 
 // per_token_cast: rows [r0, r1) of x [rows, cols] (T elements, x_stride apart), blocks of `group`
@@ -821,9 +824,15 @@ DSK_TK_INLINE void block_cast_strips(const BlockCastArgs& a, int64_t br, int64_t
           for (; c + 64 <= c_end; c += 64) {
             for (int64_t e = 0; e < 64; e += 64 / static_cast<int64_t>(sizeof(T)))  // each line
               prefetch_ahead<2>(row + c + e, next_strip);
-            const auto y = [&](int64_t i) { return S::mul(S::load(row + c + 16 * i), block_inv); };
-            S::store_e4m3_pow2_x64(reinterpret_cast<e4m3*>(out) + c, y(0), y(1), y(2), y(3),
-                                   unit_pow2);
+            e4m3* codes = reinterpret_cast<e4m3*>(out) + c;
+            if constexpr (std::is_same_v<T, bf16>) {
+              S::store_e4m3_pow2_bf16x64_times(codes, row + c, block_inv, unit_pow2, a.q.stream);
+            } else {
+              const auto y = [&](int64_t i) {
+                return S::mul(S::load(row + c + 16 * i), block_inv);
+              };
+              S::store_e4m3_pow2_x64(codes, y(0), y(1), y(2), y(3), unit_pow2);
+            }
           }
           for (; c + 16 <= c_end; c += 16) {
             prefetch_ahead<2>(row + c, next_strip);
@@ -886,6 +895,7 @@ void block_cast_rows(const BlockCastArgs& a, int64_t br0, int64_t br1) {
       }
     }
   }
+  if (a.q.stream) S::stream_fence();
 }
 
 // per_channel_cast: blocks of block_rows rows x 1 column; row blocks [br0, br1). Uses

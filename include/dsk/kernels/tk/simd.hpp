@@ -203,6 +203,13 @@ struct Simd<tile::generic_t> {
     store_e4m3_pow2(p + 32, x2, s);
     store_e4m3_pow2(p + 48, x3, s);
   }
+  // 64 e4m3 codes of the products of 64 bf16 and f: store_e4m3_pow2_x64 of mul(load(x + 16i), f).
+  // `stream`: the AVX-512 backend may write them around the caches (then stream_fence).
+  static void store_e4m3_pow2_bf16x64_times(e4m3* p, const bf16* x, F f, const E4m3Pow2& s,
+                                            bool /*stream*/) {
+    for (int i = 0; i < 4; ++i) store_e4m3_pow2(p + 16 * i, mul(load(x + 16 * i), f), s);
+  }
+  static void stream_fence() {}
   // 32 e2m1 codes (16 bytes) of x * scale, scale = 2^k with k in [-125, 124]:
   // store_e2m1(mul(load(x), scale)) for both halves.
   struct E2m1Pow2 {
@@ -636,6 +643,29 @@ struct Simd<tile::avx512_t> {
     store_e4m3(p + 32, mul(x2, s.scale));
     store_e4m3(p + 48, mul(x3, s.scale));
   }
+  // The bf16 row is loaded in pairs (load_bf16_pairs) and its codes interleaved back
+  // (tile::f32x64_pairs_to_e4m3_pow2); a lane out of range sends the 64 values through
+  // store_e4m3 in order.
+  // With `stream`, 64-byte aligned codes go by a non-temporal store (no read of the line first).
+  static void store_e4m3_pow2_bf16x64_times(e4m3* p, const bf16* x, F f, const E4m3Pow2& s,
+                                            bool stream) {
+    F e0, o0, e1, o1;
+    load_bf16_pairs(x, &e0, &o0);
+    load_bf16_pairs(x + 32, &e1, &o1);
+    __mmask16 other;
+    const __m512i codes = tile::f32x64_pairs_to_e4m3_pow2(mul(e0, f), mul(o0, f), mul(e1, f),
+                                                          mul(o1, f), s.fast_f32, &other);
+    if (other == 0) [[likely]] {
+      if (stream && reinterpret_cast<uintptr_t>(p) % 64 == 0)
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(p), codes);
+      else
+        _mm512_storeu_si512(p, codes);
+      return;
+    }
+    for (int i = 0; i < 4; ++i) store_e4m3(p + 16 * i, mul(mul(load(x + 16 * i), f), s.scale));
+  }
+  // Orders this thread's non-temporal stores before what it does next (the pool's join).
+  static void stream_fence() { _mm_sfence(); }
   struct E2m1Pow2 {
     tile::Bf16ToE2m1Pow2 fast;
   };
