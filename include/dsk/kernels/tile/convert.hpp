@@ -415,12 +415,18 @@ inline __m512i f32x16_to_e4m3_pow2_words(__m512 x, const F32ToE4m3Pow2& c, __m51
   return _mm512_ternarylogic_epi32(code, sign, c.sign_bit, 0xF8);
 }
 
-// Whether a lane of any of four conversions is out of range, from their offsets.
+// f32x16_to_e4m3_pow2_words of four vectors into words[0..3]; nonzero if a lane of any of them is
+// out of range.
 // NOTES: one compare of the offsets' unsigned maximum (three VPMAXUD) instead of four compares
 // measured the same (per_block_cast and RMSNorm + cast, hot, one thread): GCC ORs the four masks
 // in general registers, likely off the vector ports that bound these loops.
-inline __mmask16 any_out_of_range(__m512i o0, __m512i o1, __m512i o2, __m512i o3,
-                                  const F32ToE4m3Pow2& c) {
+inline __mmask16 f32x64_to_e4m3_pow2_words(__m512 x0, __m512 x1, __m512 x2, __m512 x3,
+                                           const F32ToE4m3Pow2& c, __m512i words[4]) {
+  __m512i o0, o1, o2, o3;
+  words[0] = f32x16_to_e4m3_pow2_words(x0, c, &o0);
+  words[1] = f32x16_to_e4m3_pow2_words(x1, c, &o1);
+  words[2] = f32x16_to_e4m3_pow2_words(x2, c, &o2);
+  words[3] = f32x16_to_e4m3_pow2_words(x3, c, &o3);
   return static_cast<__mmask16>(
       _mm512_cmpge_epu32_mask(o0, c.span) | _mm512_cmpge_epu32_mask(o1, c.span) |
       _mm512_cmpge_epu32_mask(o2, c.span) | _mm512_cmpge_epu32_mask(o3, c.span));
@@ -442,15 +448,11 @@ inline __m128i f32x16_to_e4m3_pow2(__m512 x, const F32ToE4m3Pow2& c, __mmask16* 
 // `out_of_range` is nonzero if a lane of any of the four is out of range.
 inline __m512i f32x64_to_e4m3_pow2(__m512 x0, __m512 x1, __m512 x2, __m512 x3,
                                    const F32ToE4m3Pow2& c, __mmask16* out_of_range) {
-  __m512i o0, o1, o2, o3;
-  const __m512i c0 = convert_detail::f32x16_to_e4m3_pow2_words(x0, c, &o0);
-  const __m512i c1 = convert_detail::f32x16_to_e4m3_pow2_words(x1, c, &o1);
-  const __m512i c2 = convert_detail::f32x16_to_e4m3_pow2_words(x2, c, &o2);
-  const __m512i c3 = convert_detail::f32x16_to_e4m3_pow2_words(x3, c, &o3);
-  *out_of_range = convert_detail::any_out_of_range(o0, o1, o2, o3, c);
-  // Each 128-bit lane j of the packed bytes holds dwords j of c0, c1, c2, c3 in that order.
+  __m512i w[4];
+  *out_of_range = convert_detail::f32x64_to_e4m3_pow2_words(x0, x1, x2, x3, c, w);
+  // Each 128-bit lane j of the packed bytes holds dwords j of w[0], w[1], w[2], w[3] in order.
   const __m512i packed =
-      _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));
+      _mm512_packus_epi16(_mm512_packus_epi32(w[0], w[1]), _mm512_packus_epi32(w[2], w[3]));
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_epi32(order, packed);
 }
@@ -462,20 +464,16 @@ inline __m512i f32x64_to_e4m3_pow2(__m512 x0, __m512 x1, __m512 x2, __m512 x3,
 // and two operations per 32 values where widening takes two loads and four operations.
 inline __m512i f32x64_pairs_to_e4m3_pow2(__m512 e0, __m512 o0, __m512 e1, __m512 o1,
                                          const F32ToE4m3Pow2& c, __mmask16* out_of_range) {
-  __m512i oe0, oo0, oe1, oo1;
-  const __m512i ce0 = convert_detail::f32x16_to_e4m3_pow2_words(e0, c, &oe0);
-  const __m512i co0 = convert_detail::f32x16_to_e4m3_pow2_words(o0, c, &oo0);
-  const __m512i ce1 = convert_detail::f32x16_to_e4m3_pow2_words(e1, c, &oe1);
-  const __m512i co1 = convert_detail::f32x16_to_e4m3_pow2_words(o1, c, &oo1);
-  *out_of_range = convert_detail::any_out_of_range(oe0, oo0, oe1, oo1, c);
+  __m512i w[4];  // even, odd, even, odd
+  *out_of_range = convert_detail::f32x64_to_e4m3_pow2_words(e0, o0, e1, o1, c, w);
   // Byte 2i: byte 4i of the even codes; byte 2i + 1: byte 4i of the odd ones (index 64 + 4i).
   // Only the low 32 bytes of each permute are kept.
   const __m512i index = _mm512_set_epi8(
       124, 60, 120, 56, 116, 52, 112, 48, 108, 44, 104, 40, 100, 36, 96, 32, 92, 28, 88, 24, 84, 20,
       80, 16, 76, 12, 72, 8, 68, 4, 64, 0, 124, 60, 120, 56, 116, 52, 112, 48, 108, 44, 104, 40,
       100, 36, 96, 32, 92, 28, 88, 24, 84, 20, 80, 16, 76, 12, 72, 8, 68, 4, 64, 0);
-  const __m512i low = _mm512_permutex2var_epi8(ce0, index, co0);
-  const __m512i high = _mm512_permutex2var_epi8(ce1, index, co1);
+  const __m512i low = _mm512_permutex2var_epi8(w[0], index, w[1]);
+  const __m512i high = _mm512_permutex2var_epi8(w[2], index, w[3]);
   return _mm512_inserti64x4(low, _mm512_castsi512_si256(high), 1);
 }
 
