@@ -161,11 +161,11 @@ QuantTensor per_block_cast(const Tensor& x, std::string_view fmt, BlockSize bloc
   a.block_rows = bm;
   a.block_cols = bk;
   a.q = o.q;
-  // A large output (a weight's codes) is written around the caches: nothing reads it in this
-  // call, and a plain store first reads the line it writes (7168 x 2048 bf16, two threads, six
+  // A large output (8 MiB or more of a weight's codes) goes around the caches: nothing reads it in
+  // this call, and a plain store first reads the line it writes (7168 x 2048 bf16, two threads, six
   // alternated pairs: 1.1-1.6x). The row casts, tried the same way, were not faster (docs/tk.md,
   // thirteenth round).
-  a.q.stream = static_cast<size_t>(rows * cols) >= dsk::detail::kStreamCopyBytes;
+  a.q.stream = o.result.data.nbytes() >= dsk::detail::kStreamCopyBytes;
   const auto kernel = detail::kernel_table().block_cast[x_index(x)];
   detail::parallel_rows(block_rows, 2 * bm * cols,
                         [&](int64_t b0, int64_t b1) { kernel(a, b0, b1); });

@@ -432,6 +432,14 @@ inline __mmask16 f32x64_to_e4m3_pow2_words(__m512 x0, __m512 x1, __m512 x2, __m5
       _mm512_cmpge_epu32_mask(o2, c.span) | _mm512_cmpge_epu32_mask(o3, c.span));
 }
 
+// 64 bytes picked by one VPERMT2B index from two pairs of sources: bytes 0..31 from (a, b), bytes
+// 32..63 from (c, d), each the low 32 bytes of _mm512_permutex2var_epi8(first, index, second).
+inline __m512i bytes_of_two_pairs(__m512i index, __m512i a, __m512i b, __m512i c, __m512i d) {
+  const __m512i low = _mm512_permutex2var_epi8(a, index, b);
+  const __m512i high = _mm512_permutex2var_epi8(c, index, d);
+  return _mm512_inserti64x4(low, _mm512_castsi512_si256(high), 1);
+}
+
 }  // namespace convert_detail
 
 inline __m128i f32x16_to_e4m3_pow2(__m512 x, const F32ToE4m3Pow2& c, __mmask16* out_of_range) {
@@ -467,14 +475,11 @@ inline __m512i f32x64_pairs_to_e4m3_pow2(__m512 e0, __m512 o0, __m512 e1, __m512
   __m512i w[4];  // even, odd, even, odd
   *out_of_range = convert_detail::f32x64_to_e4m3_pow2_words(e0, o0, e1, o1, c, w);
   // Byte 2i: byte 4i of the even codes; byte 2i + 1: byte 4i of the odd ones (index 64 + 4i).
-  // Only the low 32 bytes of each permute are kept.
   const __m512i index = _mm512_set_epi8(
       124, 60, 120, 56, 116, 52, 112, 48, 108, 44, 104, 40, 100, 36, 96, 32, 92, 28, 88, 24, 84, 20,
       80, 16, 76, 12, 72, 8, 68, 4, 64, 0, 124, 60, 120, 56, 116, 52, 112, 48, 108, 44, 104, 40,
       100, 36, 96, 32, 92, 28, 88, 24, 84, 20, 80, 16, 76, 12, 72, 8, 68, 4, 64, 0);
-  const __m512i low = _mm512_permutex2var_epi8(w[0], index, w[1]);
-  const __m512i high = _mm512_permutex2var_epi8(w[2], index, w[3]);
-  return _mm512_inserti64x4(low, _mm512_castsi512_si256(high), 1);
+  return convert_detail::bytes_of_two_pairs(index, w[0], w[1], w[2], w[3]);
 }
 
 // 32 bf16 (the words of x) -> 32 e4m3 codes of x * 2^k; `out_of_range` gets the lanes outside
@@ -548,9 +553,7 @@ inline __m512i low_bytes_of_dwords_x4(__m512i a, __m512i b, __m512i c, __m512i d
       124, 120, 116, 112, 108, 104, 100, 96, 92, 88, 84, 80, 76, 72, 68, 64, 60, 56, 52, 48, 44, 40,
       36, 32, 28, 24, 20, 16, 12, 8, 4, 0, 124, 120, 116, 112, 108, 104, 100, 96, 92, 88, 84, 80,
       76, 72, 68, 64, 60, 56, 52, 48, 44, 40, 36, 32, 28, 24, 20, 16, 12, 8, 4, 0);
-  const __m512i ab = _mm512_permutex2var_epi8(a, index, b);
-  const __m512i cd = _mm512_permutex2var_epi8(c, index, d);
-  return _mm512_inserti64x4(ab, _mm512_castsi512_si256(cd), 1);
+  return convert_detail::bytes_of_two_pairs(index, a, b, c, d);
 }
 
 inline __m128i f32x16_to_e5m2(__m512 x) {
