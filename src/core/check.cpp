@@ -42,9 +42,7 @@ void shape(const char* fn, const char* arg, const Tensor& t, const Shape& expect
   defined(fn, arg, t);
   bool ok = t.dim() == static_cast<int>(expected.size());
   for (int d = 0; ok && d < t.dim(); ++d) ok = expected[d] == -1 || expected[d] == t.size(d);
-  std::ostringstream want;
-  want << "shape " << expected;
-  DSK_CHECK_ARG(ok, fn, arg, want.str(), t.sizes());
+  DSK_CHECK_ARG(ok, fn, arg, "shape " + detail::to_text(expected), t.sizes());
 }
 
 void size(const char* fn, const char* arg, const Tensor& t, int d, int64_t expected) {

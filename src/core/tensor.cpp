@@ -123,11 +123,8 @@ std::shared_ptr<void> allocate(size_t nbytes) {
 }
 
 void check_shape(const char* fn, const Shape& shape) {
-  for (int64_t s : shape) {
-    std::ostringstream got;
-    got << shape;
-    DSK_CHECK_ARG(s >= 0, fn, "shape", "non-negative sizes", got.str());
-  }
+  // The shape is formatted only on failure: this runs for every tensor made.
+  for (int64_t s : shape) DSK_CHECK_ARG(s >= 0, fn, "shape", "non-negative sizes", shape);
 }
 
 }  // namespace
