@@ -35,6 +35,37 @@ TEST_P(Norms, RmsNormMatchesTheReference) {
     }
 }
 
+// A bf16 output is the f32 output rounded by the scalar rule, bit for bit: the bf16 rows' norm
+// pass (in pairs, with its own weight order and narrowing) against the f32 one, on whole 32-value
+// steps and tails, strided rows, bf16 weights, and rows with zeros, bf16 subnormal outputs (values
+// far below the row's rms) and a NaN.
+TEST_P(Norms, RmsNormBf16OutputIsTheF32OutputRounded) {
+  for (int64_t hidden : {7168, 2048, 128, 120, 100, 96, 48, 31})
+    for (DType wt : {DType::f32, DType::bf16}) {
+      const uint64_t seed = fresh_seed();
+      SCOPED_TRACE(::testing::Message() << "hidden " << hidden << " seed " << seed);
+      Tensor wide = ref::randn({6, hidden + 40}, DType::bf16, seed, 0.0f, 3.0f);
+      for (int64_t c = 1; c < hidden; ++c) {
+        wide.at<bf16>({1, c}) = numeric::f32_to_bf16((c % 3 - 1) * 1e-40f);  // y subnormal
+        if (c % 5 == 0) wide.at<bf16>({2, c}) = numeric::f32_to_bf16(0.0f);
+      }
+      wide.at<bf16>({3, hidden / 2}) = numeric::f32_to_bf16(NAN);
+      const Tensor x = wide.slice(1, 0, hidden);
+      Tensor w = ref::randn({hidden}, wt, seed + 1, 0.5f, 1.0f);
+      if (wt == DType::f32) w.at<float>({hidden - 1}) = 0.0f;
+      const Tensor y = rms_norm(x, w), y32 = rms_norm(x, w, 1e-6f, DType::f32);
+      Tensor want = Tensor::empty(y32.sizes(), DType::bf16);
+      for (int64_t r = 0; r < 6; ++r)
+        for (int64_t c = 0; c < hidden; ++c)
+          want.at<bf16>({r, c}) = numeric::f32_to_bf16(y32.at<float>({r, c}));
+      EXPECT_TRUE(bitwise_equal(y, want));
+      int subnormal = 0;
+      for (int64_t c = 0; c < hidden; ++c)
+        subnormal += std::fpclassify(y32.at<float>({1, c})) == FP_SUBNORMAL;
+      EXPECT_GT(subnormal, 0);
+    }
+}
+
 TEST_P(Norms, LayerNormMatchesTheReference) {
   for (int64_t hidden : {128, 512, 7168, 30}) {
     const uint64_t seed = fresh_seed();

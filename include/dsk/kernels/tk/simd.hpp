@@ -131,6 +131,13 @@ struct Simd<tile::generic_t> {
       odd->v[i] = widen(p[2 * i + 1]);
     }
   }
+  // The same split of 32 f32 values.
+  static void load_f32_pairs(const float* p, F* even, F* odd) {
+    for (int i = 0; i < 16; ++i) {
+      even->v[i] = p[2 * i];
+      odd->v[i] = p[2 * i + 1];
+    }
+  }
   // The inverse for any T: p[2i] = even[i], p[2i + 1] = odd[i] (e4m3 saturating, RNE).
   template <class T>
   static void store_pairs(T* p, F even, F odd) {
@@ -511,6 +518,14 @@ struct Simd<tile::avx512_t> {
     const __m512i words = _mm512_loadu_si512(p);
     *even = _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
     *odd = _mm512_castsi512_ps(_mm512_and_si512(words, _mm512_set1_epi32(~0xFFFF)));
+  }
+  // The generic backend's load_f32_pairs: two loads and two dword permutes.
+  static void load_f32_pairs(const float* p, F* even, F* odd) {
+    const F lo = _mm512_loadu_ps(p), hi = _mm512_loadu_ps(p + 16);
+    const __m512i evens =
+        _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    *even = _mm512_permutex2var_ps(lo, evens, hi);
+    *odd = _mm512_permutex2var_ps(lo, _mm512_add_epi32(evens, _mm512_set1_epi32(1)), hi);
   }
   // The generic backend's store_pairs: bf16 as one conversion of both and one word permute; f32
   // and e4m3 through two dword permutes.
