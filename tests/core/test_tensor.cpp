@@ -161,6 +161,19 @@ TEST(Tensor, BadArgumentsRaiseNamedErrors) {
     EXPECT_NE(std::string(e.what()).find("expected 0 <= begin <= end <= 3"), std::string::npos)
         << e.what();
   }
+  // The shape checks format their text only when they fail; the text is still the whole shape.
+  try {
+    Tensor::empty({2, -3, 4}, DType::f32);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "Tensor::empty: shape: expected non-negative sizes, got [2, -3, 4]");
+  }
+  try {
+    check::shape("f", "x", t, {2, -1, 5});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "f: x: expected shape [2, -1, 5], got [2, 3]");
+  }
 }
 
 TEST(Tensor, DlpackRoundTripSharesMemory) {
