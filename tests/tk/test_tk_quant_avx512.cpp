@@ -226,7 +226,7 @@ void bf16_store_of_64_products_is_four_stores_of_16() {
 }
 
 // bf16 rows split into even and odd positions and stored back interleaved, as bf16, f32 and e4m3,
-// on both backends (reduce_fused's bf16 path).
+// on both backends (reduce_fused's bf16 path); f32 values split the same way (load_f32_pairs).
 void bf16_pairs_load_and_store_in_order() {
   std::mt19937 rng(static_cast<uint32_t>(test::fresh_seed()));
   for (int it = 0; it < 2000; ++it) {
@@ -256,6 +256,20 @@ void bf16_pairs_load_and_store_in_order() {
       ASSERT_EQ(q[i].bits, numeric::f32_to_e4m3(want).bits) << i;
       ASSERT_EQ(q_g[i].bits, q[i].bits) << i;
     }
+    // The same split of f32 values (rms_norm's weights), every bit pattern kept.
+    uint32_t raw[32];
+    for (auto& v : raw) v = static_cast<uint32_t>(rng());
+    float w[32], w_back[32], w_back_g[32];
+    std::memcpy(w, raw, sizeof w);
+    Avx::load_f32_pairs(w, &even, &odd);
+    Generic::load_f32_pairs(w, &even_g, &odd_g);
+    Avx::store_pairs(w_back, even, odd);
+    Generic::store_pairs(w_back_g, even_g, odd_g);
+    ASSERT_EQ(std::memcmp(w_back, raw, sizeof raw), 0);
+    ASSERT_EQ(std::memcmp(w_back_g, raw, sizeof raw), 0);
+    float lanes[16];
+    std::memcpy(lanes, &even, sizeof lanes);
+    for (int i = 0; i < 16; ++i) ASSERT_EQ(numeric::bits_of(lanes[i]), raw[2 * i]) << i;
   }
 }
 
