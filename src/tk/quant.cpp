@@ -253,6 +253,7 @@ QuantTensor rmsnorm_forward_and_per_token_cast(const Tensor& x, const Tensor& we
   a.cast.q = o.q;
   a.weight = weight.data_ptr();
   a.eps = eps;
+  a.prefetch_rows = x.nbytes() >= dsk::detail::kStreamCopyBytes;
   const auto kernel =
       detail::kernel_table().norm_cast[x_index(x)][weight.dtype() == DType::f32 ? 0 : 1];
   detail::parallel_rows(rows, 4 * hidden, [&](int64_t r0, int64_t r1) {

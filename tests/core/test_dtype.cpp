@@ -20,6 +20,7 @@ namespace dsk {
 namespace {
 
 using numeric::bits_of;
+using numeric::f32_to_bf16_round_odd;
 using numeric::float_of;
 
 // ---- oracles: values from the sign/exponent/mantissa fields, rounding by brute force ----
@@ -328,6 +329,47 @@ TEST(Numeric, Bf16RoundsToNearestEvenOnRandomBitPatterns) {
   EXPECT_EQ(f32_to_bf16(float_of(0x7F800001u)).bits, 0x7FC0);
   EXPECT_EQ(f32_to_bf16(float_of(0xFFA12345u)).bits, 0xFFE1);
   EXPECT_EQ(f32_to_bf16(float_of(0x7F7FFFFFu)).bits, 0x7F80);  // rounds up to inf
+}
+
+TEST(Numeric, Bf16RoundToOddIsTruncationWithAStickyBit) {
+  EXPECT_EQ(f32_to_bf16_round_odd(1.0f).bits, 0x3F80);                   // exact: unchanged
+  EXPECT_EQ(f32_to_bf16_round_odd(float_of(0x3F800001u)).bits, 0x3F81);  // a dropped bit: odd
+  EXPECT_EQ(f32_to_bf16_round_odd(float_of(0x3F81FFFFu)).bits, 0x3F81);  // already odd
+  EXPECT_EQ(f32_to_bf16_round_odd(float_of(0xBF80FFFFu)).bits, 0xBF81);  // magnitude, not value
+  EXPECT_EQ(f32_to_bf16_round_odd(float_of(0x7F7FFFFFu)).bits, 0x7F7F);  // never up to inf
+  EXPECT_EQ(f32_to_bf16_round_odd(float_of(0x7F800001u)).bits, 0x7F81);  // NaN stays NaN
+  EXPECT_EQ(f32_to_bf16_round_odd(float_of(0x00000001u)).bits, 0x0001);  // subnormal: not zero
+  EXPECT_EQ(f32_to_bf16_round_odd(-0.0f).bits, 0x8000);
+}
+
+// The fused casts with power-of-two scales round their f32 rows to odd in bf16 and take the codes
+// from those (tk quant.hpp): e4m3 and e2m1 of the bf16 times 2^k must be those of the f32 times
+// 2^k, for every k an inverse UE8M0 scale can take, at every tie and threshold of both formats.
+TEST(Numeric, RoundingToOddInBf16FirstChangesNoE4m3OrE2m1Code) {
+  DSK_TRACE_SEED();
+  std::mt19937 rng(static_cast<uint32_t>(test_seed()));
+  std::uniform_int_distribution<int> exponent(-126, 120);
+  const auto expect_same_codes = [](float x, float scale) {
+    const float odd = bf16_to_f32(f32_to_bf16_round_odd(x));
+    ASSERT_EQ(f32_to_e4m3(odd * scale).bits, f32_to_e4m3(x * scale).bits) << x << " " << scale;
+    ASSERT_EQ(f32_to_e2m1(odd * scale), f32_to_e2m1(x * scale)) << x << " " << scale;
+  };
+  // Every e4m3 and e2m1 value, tie and threshold, and their f32 neighbours, at 2^0 and at a
+  // random 2^k with the value divided by it.
+  for (int e = -12; e <= 9; ++e)
+    for (uint32_t m = 0; m < 16; ++m) {
+      const float at = std::ldexp(1.0f + static_cast<float>(m) / 16.0f, e);
+      for (float x : {std::nextafter(at, 0.0f), at, std::nextafter(at, 1e30f)})
+        for (float signed_x : {x, -x}) {
+          expect_same_codes(signed_x, 1.0f);
+          const int k = exponent(rng);
+          const float unscaled = std::ldexp(signed_x, -k);
+          if (unscaled * std::ldexp(1.0f, k) == signed_x)
+            expect_same_codes(unscaled, std::ldexp(1.0f, k));
+        }
+    }
+  for (float x : random_floats(1 << 20, test_seed(), -126, 127))
+    expect_same_codes(x, std::ldexp(1.0f, exponent(rng)));
 }
 
 // e2m1 is DeepGEMM's threshold rule: nearest value, ties toward zero, saturating at 6.

@@ -158,7 +158,7 @@ void e2m1_to_f32_and_bf16_on_every_byte() {
 // Runs every f32 -> narrow converter over `in` and compares with the scalar rules.
 void check_f32_encoders(const std::vector<float>& in) {
   const size_t n = in.size();
-  std::vector<bf16> b(n), b32(n), want_b(n);
+  std::vector<bf16> b(n), b32(n), want_b(n), odd(n), want_odd(n);
   std::vector<f16> h(n), want_h(n);
   std::vector<e4m3> q(n), want_q(n);
   std::vector<e5m2> r(n), want_r(n);
@@ -174,8 +174,12 @@ void check_f32_encoders(const std::vector<float>& in) {
   for (size_t i = 0; i + 32 <= n; i += 32)
     _mm512_storeu_si512(
         &b32[i], tile::f32x32_to_bf16(_mm512_loadu_ps(&in[i]), _mm512_loadu_ps(&in[i + 16])));
+  for (size_t i = 0; i + 32 <= n; i += 32)
+    _mm512_storeu_si512(&odd[i], tile::f32x32_to_bf16_round_odd(_mm512_loadu_ps(&in[i]),
+                                                                _mm512_loadu_ps(&in[i + 16])));
   for (size_t i = 0; i < n; ++i) {
     want_b[i] = numeric::f32_to_bf16(in[i]);
+    want_odd[i] = numeric::f32_to_bf16_round_odd(in[i]);
     want_h[i] = numeric::f32_to_f16(in[i]);
     want_q[i] = numeric::f32_to_e4m3(in[i]);
     want_r[i] = numeric::f32_to_e5m2(in[i]);
@@ -186,6 +190,7 @@ void check_f32_encoders(const std::vector<float>& in) {
   expect_same("f32x16_to_bf16", in, b, want_b);
   ASSERT_EQ(n % 32, 0u);
   expect_same("f32x32_to_bf16", in, b32, want_b);
+  expect_same("f32x32_to_bf16_round_odd", in, odd, want_odd);
   expect_same("f32x16_to_f16", in, h, want_h);
   expect_same("f32x16_to_e4m3", in, q, want_q);
   expect_same("f32x16_to_e5m2", in, r, want_r);

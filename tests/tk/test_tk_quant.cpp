@@ -388,6 +388,51 @@ TEST_P(Quant, RmsnormCastIsRmsnormThenCast) {
     }
 }
 
+// With power-of-two (UE8M0) e4m3 scales the fused cast keeps its f32 row as bf16 rounded to odd
+// (norm_cast_rows); its codes must still be those of the f32 row. Rows of every kind: zeros,
+// values that normalise to e4m3 subnormals, f32 subnormals and zero next to a huge one, every
+// binade, inf and NaN; weights with zeros, subnormals, negatives and huge values (products past
+// f32's range). Blocks of 32, 64 and 128, and an input of 8 MiB, which prefetches its rows.
+TEST_P(Quant, RmsnormCastWithUe8m0ScalesKeepsTheF32RowsCodes) {
+  const uint64_t seed = fresh_seed();
+  const int64_t hidden = 1024 + 128;
+  Tensor x = ref::randn({12, hidden}, DType::bf16, seed, 0.0f, 2.0f);
+  Tensor w = ref::randn({hidden}, DType::f32, seed + 1, 1.0f, 0.5f);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  const auto put = [&](int64_t r, int64_t c, float v) {
+    x.at<bf16>({r, c}) = numeric::f32_to_bf16(v);
+  };
+  for (int64_t c = 0; c < hidden; ++c) {
+    const float u = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+    put(0, c, c % 3 == 0 ? 0.0f : (c % 3 == 1 ? -0.0f : u));          // zeros
+    put(1, c, u * (c % 5 == 0 ? 1e-6f : 1.0f));                       // e4m3 subnormals
+    put(2, c, c == 77 ? 3e38f : u * (c % 4 == 0 ? 1e-39f : 1e-30f));  // a huge one: tiny rest
+    put(3, c, u * std::ldexp(1.0f, static_cast<int>(c % 64) - 32));   // every binade
+    if (c % 97 == 0) w.at<float>({c}) = 0.0f;
+    if (c % 89 == 0) w.at<float>({c}) = 1e-40f * u;  // subnormal weights
+    if (c % 83 == 0) w.at<float>({c}) = 1e30f * u;   // products past f32's range
+  }
+  x.at<bf16>({5, 40}) = numeric::f32_to_bf16(std::numeric_limits<float>::infinity());
+  x.at<bf16>({6, 700}) = bf16{0xFF80 | 0x21};  // NaN
+  for (int g : {32, 64, 128})
+    for (const Layout& l : {kLayouts[1], kLayouts[3], kLayouts[4]}) {
+      const QuantTensor fused = rmsnorm_forward_and_per_token_cast(
+          x, w, 1e-6f, "e4m3", g, l.col_major, l.round_sf, l.packed);
+      const QuantTensor unfused = per_token_cast(rms_norm(x, w, 1e-6f, DType::f32), "e4m3", g,
+                                                 l.col_major, l.round_sf, l.packed);
+      EXPECT_TRUE(bitwise_equal(fused.data, unfused.data)) << "g " << g << " seed " << seed;
+      EXPECT_TRUE(bitwise_equal(fused.sf, unfused.sf)) << "g " << g << " seed " << seed;
+    }
+  const Tensor large = ref::randn({2048, 2048}, DType::bf16, seed + 2);  // 8 MiB
+  const Tensor w_large = ref::randn({2048}, DType::bf16, seed + 3, 1.0f, 0.2f);
+  const QuantTensor fused =
+      rmsnorm_forward_and_per_token_cast(large, w_large, 1e-6f, "e4m3", 128, false, true, true);
+  const QuantTensor unfused =
+      per_token_cast(rms_norm(large, w_large, 1e-6f, DType::f32), "e4m3", 128, false, true, true);
+  EXPECT_TRUE(bitwise_equal(fused.data, unfused.data)) << "seed " << seed;
+  EXPECT_TRUE(bitwise_equal(fused.sf, unfused.sf)) << "seed " << seed;
+}
+
 DSK_TK_INSTANTIATE_PER_BACKEND(Quant);
 
 TEST(QuantBackends, AreBitwiseIdentical) {

@@ -2,8 +2,8 @@
 // replace: tile::bf16x32_to_e4m3_pow2 on every bf16 bit pattern and every scale exponent (range
 // test and codes), the Simd stores with their fallback on both backends, the f32 variant on random
 // and boundary values and four vectors at once (also of bf16 products loaded in pairs), the 16-bit
-// amax (one block and 16 at once), the e2m1 constants of 16 blocks at once, and the bf16 pair loads
-// and stores of reduce_fused. Built with the AVX-512 flags; skipped on CPUs without the avx512
+// amax (one block and 16 at once), the e2m1 constants of 16 blocks at once, the bf16 pair loads
+// and stores of reduce_fused, and the round-to-odd bf16 store of RMSNorm + cast. Built with the AVX-512 flags; skipped on CPUs without the avx512
 // backend.
 #include <algorithm>
 #include <cmath>
@@ -273,6 +273,27 @@ void bf16_pairs_load_and_store_in_order() {
   }
 }
 
+// Simd::store_bf16_round_odd on both backends: the rule of numeric::f32_to_bf16_round_odd, lo to
+// the first 16 values and hi to the next (RMSNorm + cast's rows before their codes).
+void bf16_round_odd_store_in_order() {
+  std::mt19937 rng(static_cast<uint32_t>(test::fresh_seed()));
+  for (int it = 0; it < 2000; ++it) {
+    uint32_t raw[32];
+    for (auto& v : raw) v = static_cast<uint32_t>(rng());
+    if (it % 2 == 0)  // exact bf16 values (no dropped bit) as well as every pattern
+      for (auto& v : raw) v &= 0xFFFF0000u;
+    float f[32];
+    std::memcpy(f, raw, sizeof f);
+    bf16 got[32], got_g[32];
+    Avx::store_bf16_round_odd(got, Avx::load(f), Avx::load(f + 16));
+    Generic::store_bf16_round_odd(got_g, Generic::load(f), Generic::load(f + 16));
+    for (int i = 0; i < 32; ++i) {
+      ASSERT_EQ(got[i].bits, numeric::f32_to_bf16_round_odd(f[i]).bits) << i;
+      ASSERT_EQ(got_g[i].bits, got[i].bits) << i;
+    }
+  }
+}
+
 void abs_max_is_the_f32_abs_max() {
   std::vector<bf16> x = every_bf16();
   // Windows of 32 patterns at every offset, so each position holds the maximum somewhere, NaN and
@@ -363,26 +384,26 @@ void e2m1_constants_of_16_blocks_are_each_blocks() {
 
 // Registered by a baseline file (common/isa_test.hpp).
 namespace dsk::test {
-DSK_ISA_TESTS(tk_quant_avx512_tests,
-              {"QuantBf16E4m3", "RangeAndCodesOfTheIntegerPathForEveryBf16AndExponent",
-               Backend::avx512,
-               &tk::range_and_codes_of_the_integer_path_for_every_bf16_and_exponent},
-              {"QuantBf16E4m3", "StoreIsTheF32PathOnBothBackendsWithFallback", Backend::avx512,
-               &tk::store_is_the_f32_path_on_both_backends_with_fallback},
-              {"QuantBf16E2m1", "IntegerPathIsTheF32PathForEveryBf16AndExponent", Backend::avx512,
-               &tk::integer_path_is_the_f32_path_for_every_bf16_and_exponent},
-              {"QuantBf16E4m3", "F32IntegerPathIsTheF32Path", Backend::avx512,
-               &tk::f32_integer_path_is_the_f32_path},
-              {"QuantBf16E4m3", "F32StoreOf64IsFourStoresOf16", Backend::avx512,
-               &tk::f32_store_of_64_is_four_stores_of_16},
-              {"QuantBf16E4m3", "Bf16StoreOf64ProductsIsFourStoresOf16", Backend::avx512,
-               &tk::bf16_store_of_64_products_is_four_stores_of_16},
-              {"SimdPairs", "Bf16PairsLoadAndStoreInOrder", Backend::avx512,
-               &tk::bf16_pairs_load_and_store_in_order},
-              {"QuantBf16E4m3", "AbsMaxIsTheF32AbsMax", Backend::avx512,
-               &tk::abs_max_is_the_f32_abs_max},
-              {"QuantBf16E4m3", "AbsMaxOf16BlocksIsEachBlocksAbsMax", Backend::avx512,
-               &tk::abs_max_of_16_blocks_is_each_blocks_abs_max},
-              {"QuantBf16E2m1", "ConstantsOf16BlocksAreEachBlocks", Backend::avx512,
-               &tk::e2m1_constants_of_16_blocks_are_each_blocks});
+DSK_ISA_TESTS(
+    tk_quant_avx512_tests,
+    {"QuantBf16E4m3", "RangeAndCodesOfTheIntegerPathForEveryBf16AndExponent", Backend::avx512,
+     &tk::range_and_codes_of_the_integer_path_for_every_bf16_and_exponent},
+    {"QuantBf16E4m3", "StoreIsTheF32PathOnBothBackendsWithFallback", Backend::avx512,
+     &tk::store_is_the_f32_path_on_both_backends_with_fallback},
+    {"QuantBf16E2m1", "IntegerPathIsTheF32PathForEveryBf16AndExponent", Backend::avx512,
+     &tk::integer_path_is_the_f32_path_for_every_bf16_and_exponent},
+    {"QuantBf16E4m3", "F32IntegerPathIsTheF32Path", Backend::avx512,
+     &tk::f32_integer_path_is_the_f32_path},
+    {"QuantBf16E4m3", "F32StoreOf64IsFourStoresOf16", Backend::avx512,
+     &tk::f32_store_of_64_is_four_stores_of_16},
+    {"QuantBf16E4m3", "Bf16StoreOf64ProductsIsFourStoresOf16", Backend::avx512,
+     &tk::bf16_store_of_64_products_is_four_stores_of_16},
+    {"SimdPairs", "Bf16PairsLoadAndStoreInOrder", Backend::avx512,
+     &tk::bf16_pairs_load_and_store_in_order},
+    {"SimdPairs", "Bf16RoundOddStoreInOrder", Backend::avx512, &tk::bf16_round_odd_store_in_order},
+    {"QuantBf16E4m3", "AbsMaxIsTheF32AbsMax", Backend::avx512, &tk::abs_max_is_the_f32_abs_max},
+    {"QuantBf16E4m3", "AbsMaxOf16BlocksIsEachBlocksAbsMax", Backend::avx512,
+     &tk::abs_max_of_16_blocks_is_each_blocks_abs_max},
+    {"QuantBf16E2m1", "ConstantsOf16BlocksAreEachBlocks", Backend::avx512,
+     &tk::e2m1_constants_of_16_blocks_are_each_blocks});
 }  // namespace dsk::test

@@ -99,6 +99,18 @@ constexpr bf16 f32_to_bf16(float x) {
   return bf16{static_cast<uint16_t>((b + rounding) >> 16)};
 }
 
+// Rounds an f32 to bf16 by round-to-odd: truncated, with the lowest bit set when a dropped bit
+// was set (NaN stays NaN, inf and zeros stay). Rounding that bf16 to nearest-even into a format
+// of at most 6 significand bits (e4m3, e2m1: bf16 keeps at least 2 more) gives what rounding the
+// f32 directly gives, at every exponent down to 2^-122 (Boldo and Melquiond, "When double
+// rounding is odd"); being monotone and leaving bf16 values alone, it keeps e4m3's saturation at
+// 448 too. The fused casts with power-of-two scales keep their f32 rows this way, in half the
+// bytes, and take the bf16 casts' codes path.
+constexpr bf16 f32_to_bf16_round_odd(float x) {
+  const uint32_t b = bits_of(x);
+  return bf16{static_cast<uint16_t>((b >> 16) | ((b & 0xFFFFu) != 0 ? 1u : 0u))};
+}
+
 // Rounds an f32 to the nearest bf16-representable f32 (what storing to bf16 and reading back does).
 constexpr float round_to_bf16(float x) {
   return bf16_to_f32(f32_to_bf16(x));

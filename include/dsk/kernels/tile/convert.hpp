@@ -8,6 +8,7 @@
 //   e4m3 -> f32   e4m3x16_to_f32                      16
 //   bf16 -> f32   bf16x16_to_f32                      16
 //   f32 -> bf16   f32x16_to_bf16                      16      (RNE, subnormals kept, NaN quiet)
+//                 f32x32_to_bf16_round_odd            32      (round to odd)
 //   f32 -> e4m3   f32x16_to_e4m3                      16      (RNE, saturating, NaN kept)
 //   bf16 -> e4m3  bf16x32_to_e4m3_pow2                32      (times 2^k; normal range only)
 //   f32 -> e4m3   f32x16_to_e4m3_pow2, f32x64_...     16, 64  (times 2^k; normal range only)
@@ -334,6 +335,20 @@ inline __m512i f32x32_to_bf16(__m512 lo, __m512 hi) {
        convert_detail::subnormal_lanes(_mm512_castps_si512(hi))) == 0)
     return fast;
   return _mm512_inserti64x4(_mm512_castsi256_si512(f32x16_to_bf16(lo)), f32x16_to_bf16(hi), 1);
+}
+
+// numeric::f32_to_bf16_round_odd of 32 values (lo: 0..15, hi: 16..31): the high and the low
+// words of the f32s gathered by two word permutes, and the low word's "nonzero" (an unsigned min
+// with 1) ORed into the high one's lowest bit. Four operations for 32 values.
+inline __m512i f32x32_to_bf16_round_odd(__m512 lo, __m512 hi) {
+  const __m512i high_words =
+      _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27,
+                       25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  const __m512i a = _mm512_castps_si512(lo), b = _mm512_castps_si512(hi);
+  const __m512i high = _mm512_permutex2var_epi16(a, high_words, b);
+  const __m512i low =
+      _mm512_permutex2var_epi16(a, _mm512_sub_epi16(high_words, _mm512_set1_epi16(1)), b);
+  return _mm512_or_si512(high, _mm512_min_epu16(low, _mm512_set1_epi16(1)));
 }
 
 inline __m128i f32x16_to_e4m3(__m512 x) {

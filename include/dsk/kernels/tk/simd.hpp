@@ -122,6 +122,13 @@ struct Simd<tile::generic_t> {
     store(p, lo);
     store(p + 16, hi);
   }
+  // 32 values rounded to odd (numeric::f32_to_bf16_round_odd): lo to p, hi to p + 16.
+  static void store_bf16_round_odd(bf16* p, F lo, F hi) {
+    for (int i = 0; i < 16; ++i) {
+      p[i] = numeric::f32_to_bf16_round_odd(lo.v[i]);
+      p[16 + i] = numeric::f32_to_bf16_round_odd(hi.v[i]);
+    }
+  }
   // 32 bf16 split by position: even gets values 0, 2, .., 30 and odd 1, 3, .., 31. For
   // element-wise math whose lane order does not matter: a bf16 pair is one 32-bit word, so the
   // split costs one operation per 16 values where load() widens with two.
@@ -512,6 +519,9 @@ struct Simd<tile::avx512_t> {
       store(p, lo);
       store(p + 16, hi);
     }
+  }
+  static void store_bf16_round_odd(bf16* p, F lo, F hi) {
+    _mm512_storeu_si512(p, tile::f32x32_to_bf16_round_odd(lo, hi));
   }
   // The generic backend's load_bf16_pairs: a bf16 pair's word shifted (even) and masked (odd).
   static void load_bf16_pairs(const bf16* p, F* even, F* odd) {
