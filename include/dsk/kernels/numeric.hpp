@@ -104,8 +104,8 @@ constexpr bf16 f32_to_bf16(float x) {
 // of at most 6 significand bits (e4m3, e2m1: bf16 keeps at least 2 more) gives what rounding the
 // f32 directly gives, at every exponent down to 2^-122 (Boldo and Melquiond, "When double
 // rounding is odd"); being monotone and leaving bf16 values alone, it keeps e4m3's saturation at
-// 448 too. The fused casts with power-of-two scales keep their f32 rows this way, in half the
-// bytes, and take the bf16 casts' codes path.
+// 448 too. RMSNorm + cast with power-of-two scales keeps its f32 rows this way, in half the
+// bytes, and takes the bf16 casts' codes path (tk quant.hpp, norm_cast_rows).
 constexpr bf16 f32_to_bf16_round_odd(float x) {
   const uint32_t b = bits_of(x);
   return bf16{static_cast<uint16_t>((b >> 16) | ((b & 0xFFFFu) != 0 ? 1u : 0u))};
