@@ -3,8 +3,8 @@
 // test and codes), the Simd stores with their fallback on both backends, the f32 variant on random
 // and boundary values and four vectors at once (also of bf16 products loaded in pairs), the 16-bit
 // amax (one block and 16 at once), the e2m1 constants of 16 blocks at once, the bf16 pair loads
-// and stores of reduce_fused, and the round-to-odd bf16 store of RMSNorm + cast. Built with the AVX-512 flags; skipped on CPUs without the avx512
-// backend.
+// and stores of reduce_fused, and the round-to-odd bf16 store of RMSNorm + cast. Built with the
+// AVX-512 flags; skipped on CPUs without the avx512 backend.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
