@@ -672,13 +672,12 @@ DSK_TK_INLINE void rms_norm_blocks(const T* row, const W* weight, float rstd, in
       v[i] = S::mul(S::mul(S::load(row + 16 * i), rs), S::load(weight + 16 * i));
       (i % 2 == 0 ? even : odd).add(v[i]);
     }
+    if constexpr (std::is_same_v<Y, bf16>) {
+#pragma GCC unroll 4
+      for (int i = 0; i < kVectors; i += 2) S::store_bf16_round_odd(y + 16 * i, v[i], v[i + 1]);
+    } else {
 #pragma GCC unroll 8
-    for (int i = 0; i < kVectors; ++i) {
-      if constexpr (std::is_same_v<Y, bf16>) {
-        if (i % 2 == 0) S::store_bf16_round_odd(y + 16 * i, v[i], v[i + 1]);
-      } else {
-        S::store(y + 16 * i, v[i]);
-      }
+      for (int i = 0; i < kVectors; ++i) S::store(y + 16 * i, v[i]);
     }
     block_amax[kb] = S::ireduce_max(S::imax(even.bits, odd.bits));
   }
