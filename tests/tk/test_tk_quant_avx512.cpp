@@ -379,6 +379,59 @@ void e2m1_constants_of_16_blocks_are_each_blocks() {
   }
 }
 
+// The e4m3 constants of 16 blocks at once (Simd::e4m3_pow2_x16) code every bf16 pattern (zeros,
+// subnormals, values that saturate, inf and NaN take the vector fallback) as the f32 rule with
+// each block's own 2^k, in blocks of 32, 64 and 128 values, on both backends; an inverse scale
+// outside 2^[-126, 120] or not a power of two makes both refuse the batch.
+template <int kVectors>
+void e4m3_blocks_of_16_code_every_bf16(const std::vector<bf16>& x, const int* k, bool generic) {
+  alignas(64) float inv[16];
+  for (int b = 0; b < 16; ++b) inv[b] = std::ldexp(1.0f, k[b]);
+  Avx::E4m3Pow2x16 sa;
+  Generic::E4m3Pow2x16 sg;
+  ASSERT_TRUE(Avx::e4m3_pow2_x16(inv, &sa));
+  ASSERT_TRUE(Generic::e4m3_pow2_x16(inv, &sg));
+  std::vector<uint8_t> got(x.size());
+  for (int b = 0; b < 16; ++b) {
+    std::memset(got.data(), 0xAB, got.size());
+    for (size_t i = 0; i < x.size(); i += 32 * kVectors) {
+      auto* out = reinterpret_cast<e4m3*>(got.data() + i);
+      if (generic)
+        Generic::store_e4m3_bf16_pow2_block<kVectors>(out, x.data() + i, sg, b);
+      else
+        Avx::store_e4m3_bf16_pow2_block<kVectors>(out, x.data() + i, sa, b);
+    }
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_EQ(got[i], f32_path(x[i], k[b]))
+          << "bf16 " << i << " block " << b << " k " << k[b] << " generic " << generic;
+  }
+}
+
+void e4m3_constants_of_16_blocks_are_each_blocks() {
+  const std::vector<bf16> x = every_bf16();
+  std::mt19937 rng(static_cast<uint32_t>(test::fresh_seed()));
+  std::uniform_int_distribution<int> exponent(-126, 120);
+  for (int trial = 0; trial < 6; ++trial) {
+    int k[16];
+    for (int b = 0; b < 16; ++b) k[b] = exponent(rng);
+    if (trial < 2) k[trial * 15] = trial == 0 ? -126 : 120;  // the edges of the range
+    e4m3_blocks_of_16_code_every_bf16<1>(x, k, false);
+    e4m3_blocks_of_16_code_every_bf16<2>(x, k, false);
+    e4m3_blocks_of_16_code_every_bf16<4>(x, k, trial == 0);
+    alignas(64) float refused[16];
+    for (float bad :
+         {1.5f, std::ldexp(1.0f, -127), std::ldexp(1.0f, 121), -8.0f, 0.0f,
+          std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+      for (int b = 0; b < 16; ++b) refused[b] = std::ldexp(1.0f, k[b]);
+      refused[(trial * 5) % 16] = bad;
+      Avx::E4m3Pow2x16 sa;
+      Generic::E4m3Pow2x16 sg;
+      EXPECT_FALSE(Avx::e4m3_pow2_x16(refused, &sa)) << bad;
+      EXPECT_FALSE(Generic::e4m3_pow2_x16(refused, &sg)) << bad;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsk::tk
 
@@ -405,5 +458,7 @@ DSK_ISA_TESTS(
     {"QuantBf16E4m3", "AbsMaxOf16BlocksIsEachBlocksAbsMax", Backend::avx512,
      &tk::abs_max_of_16_blocks_is_each_blocks_abs_max},
     {"QuantBf16E2m1", "ConstantsOf16BlocksAreEachBlocks", Backend::avx512,
-     &tk::e2m1_constants_of_16_blocks_are_each_blocks});
+     &tk::e2m1_constants_of_16_blocks_are_each_blocks},
+    {"QuantBf16E4m3", "ConstantsOf16BlocksAreEachBlocks", Backend::avx512,
+     &tk::e4m3_constants_of_16_blocks_are_each_blocks});
 }  // namespace dsk::test

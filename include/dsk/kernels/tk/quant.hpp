@@ -248,8 +248,8 @@ DSK_TK_INLINE bool scales16(const int32_t* amax_bits, float fmt_max, bool round_
 // and overlap, and the second read of the chunk (16 KiB of bf16, 32 KiB of f32) hits L1. A last
 // partial block goes through quantize_block_any. block_amax16(x, bits), when given, writes the
 // amax bits of the 16 blocks from x at once (see Simd::bf16_absmax16_f32_bits); block_codes16(x,
-// kb, inv), when given, writes the codes of the 16 blocks from x, or returns false for
-// block_codes to write them.
+// kb, inv, count), when given, writes the codes of the `count` (at most 16) blocks from x, or
+// returns false for block_codes to write them; inv[count .. 15] hold 1 then.
 inline constexpr int64_t kChunkValues = 8192;
 
 // store_scale of the scales sf[0..n) of blocks kb0 .. kb0 + n - 1 of row r, kb0 a multiple of 4.
@@ -303,9 +303,12 @@ DSK_TK_INLINE void quantize_row_chunked(const T* v, int64_t cols, const QuantOut
     store_scales(q.sf, r, kb0, sf, n);
     b = 0;
     if constexpr (!std::is_same_v<BlockCodes16, NoBlockHook16>)
-      for (; b + 16 <= n; b += 16)
-        if (!block_codes16(v + (kb0 + b) * kGroup, kb0 + b, inv + b))
-          for (int i = b; i < b + 16; ++i) block_codes(v + (kb0 + i) * kGroup, kb0 + i, inv[i]);
+      for (; b < n; b += 16) {
+        const int count = n - b < 16 ? n - b : 16;
+        for (int i = b + count; i < b + 16; ++i) inv[i] = 1.0f;  // past the row: a valid 2^0
+        if (!block_codes16(v + (kb0 + b) * kGroup, kb0 + b, inv + b, count))
+          for (int i = b; i < b + count; ++i) block_codes(v + (kb0 + i) * kGroup, kb0 + i, inv[i]);
+      }
     for (; b < n; ++b) block_codes(v + (kb0 + b) * kGroup, kb0 + b, inv[b]);
   }
   if (whole * kGroup < cols)
@@ -394,16 +397,30 @@ DSK_TK_INLINE void quantize_row_bf16(const bf16* v, int64_t cols, const QuantOut
     for (int i = 0; i < kVectors; ++i) amax = S::bf16_absmax_add(amax, x + 32 * i);
     return amax;
   };
-  // e2m1 in blocks of 32: the exponents of 16 blocks at once (Simd::e2m1_pow2_x16) took the row
-  // 1.2x faster than block_codes' scalar exponent per block (hot, one thread).
-  const auto e2m1_codes16 = [&] {
-    if constexpr (kE4m3 || kVectors != 1) {
+  // The exponents of 16 blocks at once (Simd::e2m1_pow2_x16, e4m3_pow2_x16) instead of
+  // block_codes' scalar exponent and constants per block, hot, one thread: e2m1 in blocks of 32
+  // 1.2x faster; e4m3 in blocks of 128, 32 x 7168, per_token_cast 0.070 -> 0.060 ns per value
+  // and RMSNorm + cast 0.175 -> 0.159.
+  const auto codes16 = [&] {
+    if constexpr (kE4m3) {
+      return [&](const bf16* x, int64_t kb, const float* inv, int count) {
+        typename S::E4m3Pow2x16 s;
+        if (!S::e4m3_pow2_x16(inv, &s)) return false;
+        for (int b = 0; b < count; ++b) {
+          const bf16* xb = x + b * kGroup;
+          for (int i = 0; i < kVectors; ++i) prefetch_ahead(xb + 32 * i, kChunkValues);
+          S::template store_e4m3_bf16_pow2_block<kVectors>(
+              reinterpret_cast<e4m3*>(out + (kb + b) * kGroupBytes), xb, s, b);
+        }
+        return true;
+      };
+    } else if constexpr (kVectors != 1) {
       return NoBlockHook16{};
     } else {
-      return [&](const bf16* x, int64_t kb, const float* inv) {
+      return [&](const bf16* x, int64_t kb, const float* inv, int count) {
         typename S::E2m1Pow2x16 s;
-        if (!S::e2m1_pow2_x16(inv, &s)) return false;
-        for (int b = 0; b < 16; b += 4) {
+        if (count % 4 != 0 || !S::e2m1_pow2_x16(inv, &s)) return false;
+        for (int b = 0; b < count; b += 4) {
           for (int i = 0; i < 4; ++i) prefetch_ahead(x + (b + i) * kGroup, kChunkValues);
           S::store_e2m1_bf16x32_pow2_of_x4(reinterpret_cast<fp4x2*>(out + (kb + b) * kGroupBytes),
                                            x + b * kGroup, s, b);
@@ -445,7 +462,7 @@ DSK_TK_INLINE void quantize_row_bf16(const bf16* v, int64_t cols, const QuantOut
         for (int b = 0; b < 16; ++b) m[b] = lane_max(x + b * kGroup);
         S::bf16_absmax16_f32_bits(m, amax_bits);
       },
-      e2m1_codes16);
+      codes16);
 }
 
 }  // namespace quant_detail

@@ -255,6 +255,25 @@ struct Simd<tile::generic_t> {
   static void store_e2m1_bf16x32_pow2_of_x4(fp4x2* p, const bf16* x, const E2m1Pow2x16& s, int b) {
     for (int i = 0; i < 4; ++i) store_e2m1_bf16x32_pow2(p + 16 * i, x + 32 * i, s.block[b + i]);
   }
+  // e4m3_pow2 of 16 blocks at once, from their inverse scales: false, with nothing usable, unless
+  // every inv[b] is 2^k with k in [-126, 120] (what e4m3_pow2 takes).
+  struct E4m3Pow2x16 {
+    E4m3Pow2 block[16];
+  };
+  static bool e4m3_pow2_x16(const float* inv, E4m3Pow2x16* s) {
+    for (int b = 0; b < 16; ++b) {
+      const uint32_t bits = numeric::bits_of(inv[b]);
+      const uint32_t e = bits >> 23;
+      if ((bits & 0x807FFFFFu) != 0 || e < 1 || e > 247) return false;
+      s->block[b] = e4m3_pow2(static_cast<int>(e) - 127);
+    }
+    return true;
+  }
+  // Block b of 32 * kVectors values at x: store_e4m3_bf16x32_pow2 of each 32 with block b's scale.
+  template <int kVectors>
+  static void store_e4m3_bf16_pow2_block(e4m3* p, const bf16* x, const E4m3Pow2x16& s, int b) {
+    for (int i = 0; i < kVectors; ++i) store_e4m3_bf16x32_pow2(p + 32 * i, x + 32 * i, s.block[b]);
+  }
 
   // n (even) e2m1 values from n / 2 bytes.
   static F load_e2m1_n(const fp4x2* p, int n) {
@@ -733,6 +752,57 @@ struct Simd<tile::avx512_t> {
   static tile::Bf16ToE2m1Pow2 shifts_of(const E2m1Pow2x16& s, int b) {
     return {_mm512_set1_epi16(static_cast<int16_t>(s.up[b])),
             _mm512_set1_epi16(static_cast<int16_t>(s.down[b]))};
+  }
+  // The 16 blocks' three scale-dependent constants of tile::Bf16ToE4m3Pow2 as words, computed in
+  // one vector from the inverse scales' bits (as tile::bf16_to_e4m3_pow2 does for one k); a
+  // block's store broadcasts its three words. Per block this replaces the scalar exponent test
+  // and the constants' arithmetic, about 30 instructions, a third of a block of 128 bf16.
+  struct E4m3Pow2x16 {
+    alignas(32) uint16_t round_bias[16];
+    alignas(32) uint16_t low[16];
+    alignas(32) uint16_t span[16];
+    alignas(64) float scale[16];       // 2^k, for the vectors with a lane out of range
+    tile::Bf16ToE4m3Pow2 constants{};  // the scale-independent ones, made once per 16 blocks
+  };
+  static bool e4m3_pow2_x16(const float* inv, E4m3Pow2x16* s) {
+    const __m512i bits = _mm512_loadu_si512(inv);
+    const __m512i e = _mm512_srli_epi32(bits, 23);  // k + 127
+    const __mmask16 pow2 =
+        _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x807FFFFF)) &
+        _mm512_cmple_epu32_mask(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), _mm512_set1_epi32(246));
+    if (pow2 != 0xFFFF) return false;
+    const auto words = [](uint16_t* out, __m512i v) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(v));
+    };
+    // (k - 120) * 128 + 7, (121 - k) * 128 and min(0x43E9 - 128 k, 0x7F80) - low.
+    words(s->round_bias,
+          _mm512_add_epi32(_mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(247)), 7),
+                           _mm512_set1_epi32(7)));
+    const __m512i low = _mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(248), e), 7);
+    const __m512i high =
+        _mm512_sub_epi32(_mm512_set1_epi32(0x43E9 + 127 * 128), _mm512_slli_epi32(e, 7));
+    words(s->low, low);
+    words(s->span, _mm512_sub_epi32(_mm512_min_epi32(high, _mm512_set1_epi32(0x7F80)), low));
+    _mm512_store_ps(s->scale, _mm512_loadu_ps(inv));
+    return true;
+  }
+  template <int kVectors>
+  static void store_e4m3_bf16_pow2_block(e4m3* p, const bf16* x, const E4m3Pow2x16& s, int b) {
+    tile::Bf16ToE4m3Pow2 c = s.constants;
+    c.round_bias = _mm512_set1_epi16(static_cast<int16_t>(s.round_bias[b]));
+    c.low = _mm512_set1_epi16(static_cast<int16_t>(s.low[b]));
+    c.span = _mm512_set1_epi16(static_cast<int16_t>(s.span[b]));
+    for (int i = 0; i < kVectors; ++i) {
+      __mmask32 other;
+      const __m256i codes = tile::bf16x32_to_e4m3_pow2(_mm512_loadu_si512(x + 32 * i), c, &other);
+      if (other == 0) [[likely]] {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 32 * i), codes);
+        continue;
+      }
+      const F scale = _mm512_set1_ps(s.scale[b]);
+      store_e4m3(p + 32 * i, mul(load(x + 32 * i), scale));
+      store_e4m3(p + 32 * i + 16, mul(load(x + 32 * i + 16), scale));
+    }
   }
 
   static F load_e4m3_n(const e4m3* p, int n) {
