@@ -81,6 +81,28 @@ TEST_P(Norms, LayerNormMatchesTheReference) {
   }
 }
 
+// Rows of 128 go in batches of 16 with their statistics four rows at a time (layer_norm_stats):
+// every row comes out bit for bit as it does alone, in a call of 37 rows (two whole batches, then
+// one group of four and a single row), with and without bias, f32 and bf16 in and out, strided.
+TEST_P(Norms, LayerNormOf128ColumnsIsTheSameRowByRow) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const Tensor w = ref::randn({128}, DType::f32, seed + 1, 1.0f, 0.1f);
+  const Tensor b = ref::randn({128}, DType::f32, seed + 2);
+  for (DType in : {DType::f32, DType::bf16}) {
+    const Tensor x = ref::randn({37, 160}, in, seed, 0.5f, 2.0f).slice(1, 16, 144);  // strided
+    for (DType out : {DType::f32, DType::bf16})
+      for (bool bias : {true, false}) {
+        const std::optional<Tensor> bb = bias ? std::optional<Tensor>(b) : std::nullopt;
+        const Tensor y = layer_norm(x, w, bb, 1e-6f, out);
+        for (int64_t r = 0; r < 37; ++r)
+          ASSERT_TRUE(bitwise_equal(y.slice(0, r, r + 1),
+                                    layer_norm(x.slice(0, r, r + 1), w, bb, 1e-6f, out)))
+              << "row " << r << " bias " << bias;
+      }
+  }
+}
+
 TEST(Yarn, DeepSeekFrequenciesAndTable) {
   const RopeConfig v3;
   EXPECT_EQ(yarn_correction_range(v3), (std::pair<int, int>{10, 23}));
