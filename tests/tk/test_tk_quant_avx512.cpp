@@ -379,45 +379,75 @@ void e2m1_constants_of_16_blocks_are_each_blocks() {
   }
 }
 
-// The e4m3 constants of 16 blocks at once (Simd::e4m3_pow2_x16) code every bf16 pattern (zeros,
-// subnormals, values that saturate, inf and NaN take the vector fallback) as the f32 rule with
-// each block's own 2^k, in blocks of 32, 64 and 128 values, on both backends; an inverse scale
-// outside 2^[-126, 120] or not a power of two makes both refuse the batch.
-template <int kVectors>
-void e4m3_blocks_of_16_code_every_bf16(const std::vector<bf16>& x, const int* k, bool generic) {
+// The e4m3 constants of 16 blocks at once (Simd::e4m3_pow2_x16, e4m3_pow2_of) code every bf16
+// pattern (zeros, subnormals, values that saturate, inf and NaN take the vector fallback) and f32
+// values of every exponent with random mantissas as the f32 rule does with each block's own 2^k,
+// through the bf16 store (32 values) and the f32 stores of 16 and 64 values, on both backends; an
+// inverse scale outside 2^[-126, 120] or not a power of two makes both refuse the batch.
+void e4m3_blocks_of_16_code_every_value(const std::vector<bf16>& x, const std::vector<float>& f,
+                                        const int* k, bool generic) {
   alignas(64) float inv[16];
   for (int b = 0; b < 16; ++b) inv[b] = std::ldexp(1.0f, k[b]);
   Avx::E4m3Pow2x16 sa;
   Generic::E4m3Pow2x16 sg;
   ASSERT_TRUE(Avx::e4m3_pow2_x16(inv, &sa));
   ASSERT_TRUE(Generic::e4m3_pow2_x16(inv, &sg));
-  std::vector<uint8_t> got(x.size());
+  std::vector<uint8_t> got(x.size()), got_f(f.size());
   for (int b = 0; b < 16; ++b) {
     std::memset(got.data(), 0xAB, got.size());
-    for (size_t i = 0; i < x.size(); i += 32 * kVectors) {
+    std::memset(got_f.data(), 0xAB, got_f.size());
+    for (size_t i = 0; i < x.size(); i += 32) {
       auto* out = reinterpret_cast<e4m3*>(got.data() + i);
       if (generic)
-        Generic::store_e4m3_bf16_pow2_block<kVectors>(out, x.data() + i, sg, b);
+        Generic::store_e4m3_bf16x32_pow2(out, x.data() + i, Generic::e4m3_pow2_of(sg, b));
       else
-        Avx::store_e4m3_bf16_pow2_block<kVectors>(out, x.data() + i, sa, b);
+        Avx::store_e4m3_bf16x32_pow2(out, x.data() + i, Avx::e4m3_pow2_of(sa, b));
+    }
+    for (size_t i = 0; i < f.size(); i += 64) {
+      auto* out = reinterpret_cast<e4m3*>(got_f.data() + i);
+      const float* v = f.data() + i;
+      if (generic) {
+        const auto s = Generic::e4m3_pow2_of(sg, b);
+        Generic::store_e4m3_pow2_x64(out, Generic::load(v), Generic::load(v + 16),
+                                     Generic::load(v + 32), Generic::load(v + 48), s);
+      } else {
+        const auto s = Avx::e4m3_pow2_of(sa, b);
+        Avx::store_e4m3_pow2_x64(out, Avx::load(v), Avx::load(v + 16), Avx::load(v + 32),
+                                 Avx::load(v + 48), s);
+        Avx::store_e4m3_pow2(out + 16, Avx::load(v + 16), s);  // the single store too
+      }
     }
     for (size_t i = 0; i < x.size(); ++i)
       ASSERT_EQ(got[i], f32_path(x[i], k[b]))
           << "bf16 " << i << " block " << b << " k " << k[b] << " generic " << generic;
+    for (size_t i = 0; i < f.size(); ++i)
+      ASSERT_EQ(got_f[i], numeric::f32_to_e4m3(f[i] * inv[b]).bits)
+          << "f32 bits " << numeric::bits_of(f[i]) << " block " << b << " k " << k[b] << " generic "
+          << generic;
   }
 }
 
 void e4m3_constants_of_16_blocks_are_each_blocks() {
   const std::vector<bf16> x = every_bf16();
   std::mt19937 rng(static_cast<uint32_t>(test::fresh_seed()));
+  // Every f32 exponent (sign, zero, subnormal, inf and NaN included) with mantissas random, or
+  // whose bits below e4m3's three are an exact tie, one below it or one above it. One exponent
+  // per vector of 16, so that vectors in range take the integer path (a vector with a lane out
+  // of range takes the rule itself).
+  std::vector<float> f(1 << 17);
+  for (size_t i = 0; i < f.size(); ++i) {
+    const uint32_t top = static_cast<uint32_t>(rng() & 0x700000u), tie = top | 0x80000u;
+    const uint32_t mantissa[] = {static_cast<uint32_t>(rng() & 0x7FFFFFu), tie, tie - 1, tie + 1};
+    f[i] =
+        numeric::float_of(static_cast<uint32_t>(i / 16 % 512) << 23 | mantissa[i / (16 * 512) % 4]);
+  }
   std::uniform_int_distribution<int> exponent(-126, 120);
   for (int trial = 0; trial < 6; ++trial) {
     int k[16];
     for (int b = 0; b < 16; ++b) k[b] = exponent(rng);
     if (trial < 2) k[trial * 15] = trial == 0 ? -126 : 120;  // the edges of the range
-    e4m3_blocks_of_16_code_every_bf16<1>(x, k, false);
-    e4m3_blocks_of_16_code_every_bf16<2>(x, k, false);
-    e4m3_blocks_of_16_code_every_bf16<4>(x, k, trial == 0);
+    e4m3_blocks_of_16_code_every_value(x, f, k, false);
+    if (trial == 0) e4m3_blocks_of_16_code_every_value(x, f, k, true);
     alignas(64) float refused[16];
     for (float bad :
          {1.5f, std::ldexp(1.0f, -127), std::ldexp(1.0f, 121), -8.0f, 0.0f,

@@ -361,6 +361,26 @@ DSK_TK_INLINE void quantize_row_fixed(const T* v, int64_t cols, const QuantOut& 
   constexpr int64_t kGroup = 16 * kVectors;
   constexpr int64_t kGroupBytes = kFmt == QuantFormat::e4m3 ? kGroup : kGroup / 2;
   uint8_t* out = static_cast<uint8_t*>(q.out) + r * q.out_stride;
+  // e4m3: the constants of 16 blocks at once (Simd::e4m3_pow2_x16), as quantize_row_bf16 does.
+  // SwiGLU + cast (f32 rows in blocks of 128), same process, alternated: hot (64 rows, one
+  // thread) 1.04x, cold (16384 x 8192, two threads) 1.04-1.05x.
+  const auto codes16 = [&] {
+    if constexpr (kFmt == QuantFormat::e4m3) {
+      return [&](const T* x, int64_t kb, const float* inv, int count) {
+        typename S::E4m3Pow2x16 s;
+        if (!S::e4m3_pow2_x16(inv, &s)) return false;
+        for (int b = 0; b < count; ++b) {
+          const T* xb = x + b * kGroup;
+          store_e4m3_pow2_vectors<S, kVectors>(reinterpret_cast<e4m3*>(out) + (kb + b) * kGroup,
+                                               S::e4m3_pow2_of(s, b),
+                                               [&](int64_t i) { return S::load(xb + 16 * i); });
+        }
+        return true;
+      };
+    } else {
+      return NoBlockHook16{};
+    }
+  }();
   quantize_row_chunked<S, kFmt, kGroup>(
       v, cols, q, r,
       [&](const T* x) {
@@ -375,7 +395,8 @@ DSK_TK_INLINE void quantize_row_fixed(const T* v, int64_t cols, const QuantOut& 
         store_e4m3_pow2_vectors<S, kVectors>(reinterpret_cast<e4m3*>(out) + kb * kGroup,
                                              S::e4m3_pow2(k),
                                              [&](int64_t i) { return S::load(x + 16 * i); });
-      });
+      },
+      NoBlockHook16{}, codes16);
 }
 
 // quantize_row_fixed for bf16 rows in blocks of 32 * kVectors values, on 32-lane 16-bit vectors:
@@ -408,9 +429,11 @@ DSK_TK_INLINE void quantize_row_bf16(const bf16* v, int64_t cols, const QuantOut
         if (!S::e4m3_pow2_x16(inv, &s)) return false;
         for (int b = 0; b < count; ++b) {
           const bf16* xb = x + b * kGroup;
+          e4m3* codes = reinterpret_cast<e4m3*>(out) + (kb + b) * kGroup;
+          const auto sb = S::e4m3_pow2_of(s, b);
           for (int i = 0; i < kVectors; ++i) prefetch_ahead(xb + 32 * i, kChunkValues);
-          S::template store_e4m3_bf16_pow2_block<kVectors>(
-              reinterpret_cast<e4m3*>(out + (kb + b) * kGroupBytes), xb, s, b);
+          for (int i = 0; i < kVectors; ++i)
+            S::store_e4m3_bf16x32_pow2(codes + 32 * i, xb + 32 * i, sb);
         }
         return true;
       };

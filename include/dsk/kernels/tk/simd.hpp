@@ -269,11 +269,8 @@ struct Simd<tile::generic_t> {
     }
     return true;
   }
-  // Block b of 32 * kVectors values at x: store_e4m3_bf16x32_pow2 of each 32 with block b's scale.
-  template <int kVectors>
-  static void store_e4m3_bf16_pow2_block(e4m3* p, const bf16* x, const E4m3Pow2x16& s, int b) {
-    for (int i = 0; i < kVectors; ++i) store_e4m3_bf16x32_pow2(p + 32 * i, x + 32 * i, s.block[b]);
-  }
+  // Block b's e4m3_pow2.
+  static const E4m3Pow2& e4m3_pow2_of(const E4m3Pow2x16& s, int b) { return s.block[b]; }
 
   // n (even) e2m1 values from n / 2 bytes.
   static F load_e2m1_n(const fp4x2* p, int n) {
@@ -753,16 +750,20 @@ struct Simd<tile::avx512_t> {
     return {_mm512_set1_epi16(static_cast<int16_t>(s.up[b])),
             _mm512_set1_epi16(static_cast<int16_t>(s.down[b]))};
   }
-  // The 16 blocks' three scale-dependent constants of tile::Bf16ToE4m3Pow2 as words, computed in
-  // one vector from the inverse scales' bits (as tile::bf16_to_e4m3_pow2 does for one k); a
-  // block's store broadcasts its three words. Per block this replaces the scalar exponent test
-  // and the constants' arithmetic, about 30 instructions, a third of a block of 128 bf16.
+  // The 16 blocks' scale-dependent constants of tile::Bf16ToE4m3Pow2 (words) and
+  // tile::F32ToE4m3Pow2 (dwords), computed in vectors from the inverse scales' bits as
+  // tile::bf16_to_e4m3_pow2 and f32_to_e4m3_pow2 do for one k; e4m3_pow2_of(s, b) broadcasts block
+  // b's. Per block this replaces the scalar exponent test and the constants' arithmetic (about 30
+  // instructions, a third of the codes of a block of 128 bf16).
   struct E4m3Pow2x16 {
-    alignas(32) uint16_t round_bias[16];
+    alignas(32) uint16_t round_bias[16];  // Bf16ToE4m3Pow2's
     alignas(32) uint16_t low[16];
     alignas(32) uint16_t span[16];
-    alignas(64) float scale[16];       // 2^k, for the vectors with a lane out of range
-    tile::Bf16ToE4m3Pow2 constants{};  // the scale-independent ones, made once per 16 blocks
+    alignas(64) uint32_t round_bias32[16];  // F32ToE4m3Pow2's
+    alignas(64) uint32_t low32[16];
+    alignas(64) uint32_t span32[16];
+    alignas(64) float scale[16];  // 2^k
+    E4m3Pow2 constants{};         // the scale-independent ones, made once per 16 blocks
   };
   static bool e4m3_pow2_x16(const float* inv, E4m3Pow2x16* s) {
     const __m512i bits = _mm512_loadu_si512(inv);
@@ -774,35 +775,37 @@ struct Simd<tile::avx512_t> {
     const auto words = [](uint16_t* out, __m512i v) {
       _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(v));
     };
-    // (k - 120) * 128 + 7, (121 - k) * 128 and min(0x43E9 - 128 k, 0x7F80) - low.
+    const auto dwords = [](uint32_t* out, __m512i v) { _mm512_store_si512(out, v); };
+    const auto set1 = [](uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); };
+    // bf16: (k - 120) * 128 + 7, low (121 - k) * 128, span min(0x43E9 - 128 k, 0x7F80) - low.
     words(s->round_bias,
-          _mm512_add_epi32(_mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(247)), 7),
-                           _mm512_set1_epi32(7)));
-    const __m512i low = _mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(248), e), 7);
-    const __m512i high =
-        _mm512_sub_epi32(_mm512_set1_epi32(0x43E9 + 127 * 128), _mm512_slli_epi32(e, 7));
+          _mm512_add_epi32(_mm512_slli_epi32(_mm512_sub_epi32(e, set1(247)), 7), set1(7)));
+    const __m512i low = _mm512_slli_epi32(_mm512_sub_epi32(set1(248), e), 7);
+    const __m512i high = _mm512_sub_epi32(set1(0x43E9 + 127 * 128), _mm512_slli_epi32(e, 7));
     words(s->low, low);
-    words(s->span, _mm512_sub_epi32(_mm512_min_epi32(high, _mm512_set1_epi32(0x7F80)), low));
+    words(s->span, _mm512_sub_epi32(_mm512_min_epi32(high, set1(0x7F80)), low));
+    // f32: (k - 120) * 2^23 + 2^19 - 1, low (121 - k) << 23, span min(0x43E80001 - k * 2^23,
+    // 0x7F800000) - low (unsigned).
+    dwords(s->round_bias32, _mm512_add_epi32(_mm512_slli_epi32(_mm512_sub_epi32(e, set1(247)), 23),
+                                             set1((1u << 19) - 1)));
+    const __m512i low32 = _mm512_slli_epi32(_mm512_sub_epi32(set1(248), e), 23);
+    const __m512i high32 =
+        _mm512_sub_epi32(set1(0x43E80001u + (127u << 23)), _mm512_slli_epi32(e, 23));
+    dwords(s->low32, low32);
+    dwords(s->span32, _mm512_sub_epi32(_mm512_min_epu32(high32, set1(0x7F800000u)), low32));
     _mm512_store_ps(s->scale, _mm512_loadu_ps(inv));
     return true;
   }
-  template <int kVectors>
-  static void store_e4m3_bf16_pow2_block(e4m3* p, const bf16* x, const E4m3Pow2x16& s, int b) {
-    tile::Bf16ToE4m3Pow2 c = s.constants;
-    c.round_bias = _mm512_set1_epi16(static_cast<int16_t>(s.round_bias[b]));
-    c.low = _mm512_set1_epi16(static_cast<int16_t>(s.low[b]));
-    c.span = _mm512_set1_epi16(static_cast<int16_t>(s.span[b]));
-    for (int i = 0; i < kVectors; ++i) {
-      __mmask32 other;
-      const __m256i codes = tile::bf16x32_to_e4m3_pow2(_mm512_loadu_si512(x + 32 * i), c, &other);
-      if (other == 0) [[likely]] {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 32 * i), codes);
-        continue;
-      }
-      const F scale = _mm512_set1_ps(s.scale[b]);
-      store_e4m3(p + 32 * i, mul(load(x + 32 * i), scale));
-      store_e4m3(p + 32 * i + 16, mul(load(x + 32 * i + 16), scale));
-    }
+  static E4m3Pow2 e4m3_pow2_of(const E4m3Pow2x16& s, int b) {
+    E4m3Pow2 c = s.constants;
+    c.fast.round_bias = _mm512_set1_epi16(static_cast<int16_t>(s.round_bias[b]));
+    c.fast.low = _mm512_set1_epi16(static_cast<int16_t>(s.low[b]));
+    c.fast.span = _mm512_set1_epi16(static_cast<int16_t>(s.span[b]));
+    c.fast_f32.round_bias = _mm512_set1_epi32(static_cast<int>(s.round_bias32[b]));
+    c.fast_f32.low = _mm512_set1_epi32(static_cast<int>(s.low32[b]));
+    c.fast_f32.span = _mm512_set1_epi32(static_cast<int>(s.span32[b]));
+    c.scale = _mm512_set1_ps(s.scale[b]);
+    return c;
   }
 
   static F load_e4m3_n(const e4m3* p, int n) {
