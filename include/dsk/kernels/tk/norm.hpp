@@ -220,9 +220,9 @@ DSK_TK_INLINE void layer_norm_outputs(const T* row, int64_t x_stride, int64_t ro
   }
 }
 
-// layer_norm_stats of a batch of kBatch rows (4 at a time), then their outputs. Taken row group
-// by row group, each group's output pass waited on its own reduction chains (two lane trees, a
-// square root and a division); with the statistics of a batch first, those chains overlap the
+// layer_norm_stats of a batch of kLayerNormBatch rows (4 at a time), then their outputs. Taken row
+// group by row group, each group's output pass waited on its own reduction chains (two lane trees,
+// a square root and a division); with the statistics of a batch first, those chains overlap the
 // next group's loads, and the output pass has no dependency left. Same process, alternated,
 // 2048 x 128 bf16 hot: one thread 0.162 -> 0.133 ns per value, two threads 0.109 -> 0.088;
 // 262144 x 128 cold, two threads, 1.06-1.08x. Batches of 32 rows were no faster than 16.
