@@ -204,15 +204,6 @@ DSK_TK_INLINE void quantize_block_any(const T* v, int64_t start, int64_t end, co
   }
 }
 
-// The exponent k of inv when inv = 2^k with k in [-126, 120] (what Simd::e4m3_pow2 takes), else
-// kNotPow2. With UE8M0 scales every finite block has such an inverse scale.
-inline constexpr int kNotPow2 = 1 << 30;
-DSK_TK_INLINE int pow2_exponent(float inv) {
-  const uint32_t b = numeric::bits_of(inv);
-  const int e = static_cast<int>(b >> 23);
-  return (b & 0x807FFFFFu) == 0 && e >= 1 && e <= 247 ? e - 127 : kNotPow2;
-}
-
 // scale_of and quant::inverse_scale of 16 blocks in Simd lanes, from their amax bits: the same
 // IEEE operations lane by lane (the floor as S::max, the division by the format's largest value,
 // ceil_to_ue8m0 on the bits, the reciprocal), so the same bits. False, with nothing written, when
@@ -460,8 +451,8 @@ DSK_TK_INLINE void quantize_row_bf16(const bf16* v, int64_t cols, const QuantOut
       },
       [&](const bf16* x, int64_t kb, float inv) {
         uint8_t* codes = out + kb * kGroupBytes;
-        int k = pow2_exponent(inv);
-        if (!kE4m3 && k < -125) k = kNotPow2;  // a threshold * 2^-k would not be a bf16 normal
+        // e2m1 from 2^-125: below, a threshold * 2^-k would not be a bf16 normal.
+        const int k = pow2_exponent < kE4m3 ? -126 : -125 > (inv);
         // The next chunk's block: its loads overlap this chunk's conversions, which otherwise
         // leave the memory idle (1.3x on one thread for a cold 4096 x 7168 cast).
         for (int i = 0; i < kVectors; ++i) prefetch_ahead(x + 32 * i, kChunkValues);

@@ -58,6 +58,17 @@ DSK_TK_INLINE void prefetch_ahead(const T* p, int64_t ahead) {
                      0, kLocality);
 }
 
+// The exponent k of inv when inv = 2^k with k in [kMinPow2, 120] (what Simd::e4m3_pow2 takes
+// with the default -126; e2m1's thresholds need -125), else kNotPow2. With UE8M0 scales every
+// finite block has such an inverse scale. pow2_lanes is the same test on 16 lanes.
+inline constexpr int kNotPow2 = 1 << 30;
+template <int kMinPow2 = -126>
+DSK_TK_INLINE int pow2_exponent(float inv) {
+  const uint32_t b = numeric::bits_of(inv);
+  const int e = static_cast<int>(b >> 23);
+  return (b & 0x807FFFFFu) == 0 && e >= kMinPow2 + 127 && e <= 247 ? e - 127 : kNotPow2;
+}
+
 template <class I>
 struct Simd;
 
@@ -244,10 +255,9 @@ struct Simd<tile::generic_t> {
   };
   static bool e2m1_pow2_x16(const float* inv, E2m1Pow2x16* s) {
     for (int b = 0; b < 16; ++b) {
-      const uint32_t bits = numeric::bits_of(inv[b]);
-      const uint32_t e = bits >> 23;
-      if ((bits & 0x807FFFFFu) != 0 || e < 2 || e > 247) return false;
-      s->block[b] = e2m1_pow2(static_cast<int>(e) - 127);
+      const int k = pow2_exponent<-125>(inv[b]);
+      if (k == kNotPow2) return false;
+      s->block[b] = e2m1_pow2(k);
     }
     return true;
   }
@@ -262,10 +272,9 @@ struct Simd<tile::generic_t> {
   };
   static bool e4m3_pow2_x16(const float* inv, E4m3Pow2x16* s) {
     for (int b = 0; b < 16; ++b) {
-      const uint32_t bits = numeric::bits_of(inv[b]);
-      const uint32_t e = bits >> 23;
-      if ((bits & 0x807FFFFFu) != 0 || e < 1 || e > 247) return false;
-      s->block[b] = e4m3_pow2(static_cast<int>(e) - 127);
+      const int k = pow2_exponent(inv[b]);
+      if (k == kNotPow2) return false;
+      s->block[b] = e4m3_pow2(k);
     }
     return true;
   }
@@ -716,6 +725,14 @@ struct Simd<tile::avx512_t> {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                      tile::bf16x32_to_e2m1_pow2(_mm512_loadu_si512(x), s.fast));
   }
+  // The lanes of pow2_exponent<kMinPow2>(inverse scale) != kNotPow2, from the scales' bits.
+  template <int kMinPow2 = -126>
+  static __mmask16 pow2_lanes(__m512i bits) {
+    const __m512i e = _mm512_srli_epi32(bits, 23);
+    return _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x807FFFFF)) &
+           _mm512_cmple_epu32_mask(_mm512_sub_epi32(e, _mm512_set1_epi32(kMinPow2 + 127)),
+                                   _mm512_set1_epi32(247 - (kMinPow2 + 127)));
+  }
   // The 16 blocks' exponent shifts as words, computed in one vector from the inverse scales'
   // bits; a block's store broadcasts its two words. Per block this replaced the scalar exponent
   // test, the shifts' arithmetic and two broadcasts from general registers.
@@ -726,10 +743,7 @@ struct Simd<tile::avx512_t> {
   static bool e2m1_pow2_x16(const float* inv, E2m1Pow2x16* s) {
     const __m512i bits = _mm512_loadu_si512(inv);
     const __m512i e = _mm512_srli_epi32(bits, 23);
-    const __mmask16 pow2 =
-        _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x807FFFFF)) &
-        _mm512_cmple_epu32_mask(_mm512_sub_epi32(e, _mm512_set1_epi32(2)), _mm512_set1_epi32(245));
-    if (pow2 != 0xFFFF) return false;
+    if (pow2_lanes<-125>(bits) != 0xFFFF) return false;
     const __m512i k = _mm512_sub_epi32(e, _mm512_set1_epi32(127));
     const __m512i zero = _mm512_setzero_si512();
     const __m512i up = _mm512_slli_epi32(_mm512_max_epi32(k, zero), 7);
@@ -768,10 +782,7 @@ struct Simd<tile::avx512_t> {
   static bool e4m3_pow2_x16(const float* inv, E4m3Pow2x16* s) {
     const __m512i bits = _mm512_loadu_si512(inv);
     const __m512i e = _mm512_srli_epi32(bits, 23);  // k + 127
-    const __mmask16 pow2 =
-        _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x807FFFFF)) &
-        _mm512_cmple_epu32_mask(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), _mm512_set1_epi32(246));
-    if (pow2 != 0xFFFF) return false;
+    if (pow2_lanes(bits) != 0xFFFF) return false;
     const auto words = [](uint16_t* out, __m512i v) {
       _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(v));
     };
