@@ -153,6 +153,24 @@ TEST_P(Combine, ExpandZeroesPaddingOnEveryThread) {
   }
 }
 
+// Outputs of 8 MiB or more are written around the caches: whole 64-byte lines by one store each
+// where the backend and the row width allow, else narrower stores or memcpy. Rows of 64-byte
+// multiples (2112 bytes), of 16-byte but not 64-byte multiples (2080) and of odd widths (2082),
+// each into a poisoned buffer the allocator likely hands back.
+TEST_P(Combine, ExpandStreamsRowsOfEveryWidth) {
+  for (int64_t hidden : {1056, 1040, 1041}) {
+    const uint64_t seed = fresh_seed();
+    const FusedMapping m = get_fused_mapping(routing_ids(1024, 8, 64, seed), 64, 0, 32);
+    ASSERT_GE(m.pos_to_expert.size(0) * hidden * 2, int64_t{8} << 20);
+    const Tensor x = ref::randn({1024, hidden}, DType::bf16, seed + 1);
+    ref::poison(Tensor::empty({m.pos_to_expert.size(0), hidden}, DType::bf16));
+    const Tensor got = expand_to_fused(x, m.token_topk_to_pos, m.pos_to_expert);
+    EXPECT_TRUE(
+        bitwise_equal(got, ref::tk::expand_to_fused(x, m.token_topk_to_pos, m.pos_to_expert)))
+        << hidden << " seed " << seed;
+  }
+}
+
 TEST_P(Combine, ExpandWithScalesKeepsEveryLayout) {
   const uint64_t seed = fresh_seed();
   const int64_t tokens = 33, hidden = 512;
