@@ -53,6 +53,13 @@ inline int64_t id_at(const Tensor& ids, int64_t i) {
   return ids.dtype() == DType::i64 ? static_cast<const int64_t*>(ids.data_ptr())[i]
                                    : static_cast<const int32_t*>(ids.data_ptr())[i];
 }
+// fn(p) with p the ids' data as const int64_t* or const int32_t*, so that a loop over the ids is
+// compiled once per type instead of testing the dtype at every id.
+template <class Fn>
+decltype(auto) with_ids(const Tensor& ids, Fn&& fn) {
+  if (ids.dtype() == DType::i64) return fn(static_cast<const int64_t*>(ids.data_ptr()));
+  return fn(static_cast<const int32_t*>(ids.data_ptr()));
+}
 // Every id lies in [lo, hi); raises naming the first that does not.
 void check_id_range(const char* fn, const char* arg, const Tensor& ids, int64_t lo, int64_t hi);
 

@@ -35,8 +35,9 @@ Tensor routing_ids(int64_t tokens, int k, int experts, uint64_t seed, DType dtyp
   return idx;
 }
 
+// 16385 tokens: with two threads, two chunks of ids, the second starting mid-token.
 TEST(FusedMapping, MatchesTheReferenceExactly) {
-  for (int64_t tokens : {1, 7, 4096})
+  for (int64_t tokens : {1, 7, 4096, 16385})
     for (int alignment : {16, 64, 128})
       for (DType dtype : {DType::i64, DType::i32}) {
         const uint64_t seed = fresh_seed();
@@ -91,8 +92,10 @@ TEST(FusedMapping, HonoursAUserSetGemmAlignment) {
   gemm::set_mk_alignment_for_contiguous_layout(saved);
 }
 
+// 16385 tokens at top-8: two threads split the ids into two chunks (of 65536 or more), the second
+// starting mid-token.
 TEST(FusedMapping, PresizedBuffersAndThreadCounts) {
-  const Tensor idx = routing_ids(2000, 8, 256, fresh_seed());
+  const Tensor idx = routing_ids(16385, 8, 256, fresh_seed());
   const FusedMapping exact = get_fused_mapping(idx, 256, 0, 32);
   const int64_t rows = exact.pos_to_expert.size(0);
   // A larger buffer: the same layout followed by padding rows.
@@ -102,7 +105,7 @@ TEST(FusedMapping, PresizedBuffersAndThreadCounts) {
   for (int64_t p = rows; p < rows + 100; ++p) EXPECT_EQ(big.pos_to_expert.at<int32_t>({p}), -1);
   // No sync: the upper bound.
   const FusedMapping bound = get_fused_mapping(idx, 256, 0, 32, true);
-  EXPECT_EQ(bound.pos_to_expert.size(0), (2000 * 8 + 31 * 256 + 31) / 32 * 32);
+  EXPECT_EQ(bound.pos_to_expert.size(0), (16385 * 8 + 31 * 256 + 31) / 32 * 32);
   EXPECT_THROW(get_fused_mapping(idx, 256, rows - 1, 32), Error);
   // One thread and two give the same layout.
   const int saved = get_num_threads();
