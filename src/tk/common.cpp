@@ -98,13 +98,13 @@ void check_ids_tensor(const char* fn, const char* arg, const Tensor& ids) {
 
 void check_id_range(const char* fn, const char* arg, const Tensor& ids, int64_t lo, int64_t hi) {
   const int64_t n = ids.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t v = id_at(ids, i);
-    if (v < lo || v >= hi) [[unlikely]]
-      DSK_CHECK_ARG(false, fn, arg,
-                    "ids in [" + std::to_string(lo) + ", " + std::to_string(hi) + ")",
-                    std::to_string(v) + " at flat index " + std::to_string(i));
-  }
+  with_ids(ids, [&](const auto* p) {
+    for (int64_t i = 0; i < n; ++i)
+      if (p[i] < lo || p[i] >= hi) [[unlikely]]
+        DSK_CHECK_ARG(false, fn, arg,
+                      "ids in [" + std::to_string(lo) + ", " + std::to_string(hi) + ")",
+                      std::to_string(p[i]) + " at flat index " + std::to_string(i));
+  });
 }
 
 void check_rows(const char* fn, const char* arg, const Tensor& x,

@@ -47,12 +47,8 @@ kernels::ScaleLayout read_scales(const char* fn, const char* arg, const Tensor& 
 void check_cast_options(const char* fn, kernels::QuantFormat fmt, bool col_major, bool round_sf,
                         bool packed);
 
-// Expert-id tensors: int64 or int32, 2-D and contiguous; value i (row-major).
+// Expert-id tensors: int64 or int32, 2-D and contiguous (read through with_ids).
 void check_ids_tensor(const char* fn, const char* arg, const Tensor& ids);
-inline int64_t id_at(const Tensor& ids, int64_t i) {
-  return ids.dtype() == DType::i64 ? static_cast<const int64_t*>(ids.data_ptr())[i]
-                                   : static_cast<const int32_t*>(ids.data_ptr())[i];
-}
 // fn(p) with p the ids' data as const int64_t* or const int32_t*, so that a loop over the ids is
 // compiled once per type instead of testing the dtype at every id.
 template <class Fn>
@@ -60,6 +56,7 @@ decltype(auto) with_ids(const Tensor& ids, Fn&& fn) {
   if (ids.dtype() == DType::i64) return fn(static_cast<const int64_t*>(ids.data_ptr()));
   return fn(static_cast<const int32_t*>(ids.data_ptr()));
 }
+
 // Every id lies in [lo, hi); raises naming the first that does not.
 void check_id_range(const char* fn, const char* arg, const Tensor& ids, int64_t lo, int64_t hi);
 

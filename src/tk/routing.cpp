@@ -365,10 +365,10 @@ Tensor group_count(const Tensor& group_idx, int num_groups) {
   Tensor out = Tensor::zeros({num_groups}, DType::i32);
   auto* counts = static_cast<int32_t*>(out.data_ptr());
   const int64_t n = group_idx.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t e = detail::id_at(group_idx, i);
-    if (e >= 0) ++counts[e];
-  }
+  detail::with_ids(group_idx, [&](const auto* ids) {
+    for (int64_t i = 0; i < n; ++i)
+      if (ids[i] >= 0) ++counts[ids[i]];
+  });
   return out;
 }
 
@@ -407,13 +407,11 @@ Tensor mask_indices_by_tp(const Tensor& indices, int64_t n, int num_ep_ranks, in
   Tensor out = Tensor::empty(indices.sizes(), indices.dtype());
   const int64_t per_gpu = n / num_ep_ranks;
   const int64_t count = indices.numel();
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t v = mask_by_tp(detail::id_at(indices, i), per_gpu, num_tp_ranks, tp_rank);
-    if (out.dtype() == DType::i64)
-      static_cast<int64_t*>(out.data_ptr())[i] = v;
-    else
-      static_cast<int32_t*>(out.data_ptr())[i] = static_cast<int32_t>(v);
-  }
+  detail::with_ids(indices, [&]<class Id>(const Id* ids) {
+    auto* masked = static_cast<Id*>(out.data_ptr());  // out has the ids' type
+    for (int64_t i = 0; i < count; ++i)
+      masked[i] = static_cast<Id>(mask_by_tp(ids[i], per_gpu, num_tp_ranks, tp_rank));
+  });
   return out;
 }
 
