@@ -11,6 +11,7 @@ packages=(
   libdnnl-dev ocl-icd-opencl-dev  # dnnl-config.cmake requires OpenCL (only Recommended by the package)
   gnuplot-nox
   clang-format
+  python3  # tests/core/clang_syntax.py
 )
 
 missing=()

@@ -166,7 +166,12 @@ void reduce_rows(const ReduceArgs& a, int64_t t0, int64_t t1) {
   reduce_detail::Gathered<X> gathered[2];
   reduce_detail::gather(a, t0, gathered[0]);
   for (int64_t t = t0; t < t1; ++t) {
-    const auto& [rows, scale, live] = gathered[(t - t0) & 1];
+    // Named references, not a structured binding: the lambdas below capture them, which clang
+    // accepts for bindings only from clang 16 (Debian 12 ships 14).
+    const auto& current = gathered[(t - t0) & 1];
+    const auto& rows = current.rows;
+    const auto& scale = current.scale;
+    const int live = current.live;
     auto& next = gathered[(t - t0 + 1) & 1];
     next.live = 0;
     if (t + 1 < t1) reduce_detail::gather(a, t + 1, next);
