@@ -134,7 +134,7 @@ Tensor randint(const Shape& shape, DType dtype, uint64_t seed, int64_t lo, int64
 //   fp4x2: 0x88 (two -0 values: the e2m1 quantizer never produces -0)
 //   integers and bool: all bytes 0x7F (i32 0x7F7F7F7F; not -1, which index outputs use as padding)
 
-uint8_t poison_byte(DType dtype);
+using dsk::poison_byte;  // include/dsk/core/dtype.hpp: the one rule
 void poison(const Tensor& t);
 // Elements whose bytes all equal poison_byte(dtype).
 int64_t count_poisoned(const Tensor& t);

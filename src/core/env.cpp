@@ -31,6 +31,10 @@ const std::vector<Variable> kVariables = {
     {"DSK_TENSOR_CACHE_MB", "2048",
      "freed tensor buffers of 64 KiB or more kept for reuse, at most this many MiB (0: none)",
      false},
+    {"DSK_POISON_NEW_TENSORS", "0",
+     "1: every new tensor starts poisoned (NaN, 0x7F bytes), so an unwritten output shows; for "
+     "tests",
+     false},
     {"DSK_PRINT_CONFIGS", "0", "print the config each heuristic chooses", true},
     {"DSK_AUTOTUNE", "unset",
      "1: time candidate kernel configs for shapes not yet tuned and cache the fastest; unset: "

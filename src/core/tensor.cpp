@@ -122,6 +122,14 @@ std::shared_ptr<void> allocate(size_t nbytes) {
   return std::shared_ptr<void>(p, [rounded](void* q) { BlockCache::instance().give(q, rounded); });
 }
 
+// DSK_POISON_NEW_TENSORS: tests see an element a kernel forgot to write as poison (NaN, 0x7F7F...),
+// never as the zeros of fresh pages or a recycled buffer's old (often correct) values: a second
+// call of the same shape often gets the first call's freed output back.
+bool poison_new_tensors() {
+  static const bool on = env::get_bool("", "POISON_NEW_TENSORS", false);
+  return on;
+}
+
 void check_shape(const char* fn, const Shape& shape) {
   // The shape is formatted only on failure: this runs for every tensor made.
   for (int64_t s : shape) DSK_CHECK_ARG(s >= 0, fn, "shape", "non-negative sizes", shape);
@@ -152,6 +160,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
   t.dtype_ = dtype;
   t.storage_ = allocate(t.nbytes());
   t.data_ = t.storage_.get();
+  if (poison_new_tensors()) std::memset(t.data_, poison_byte(dtype), t.nbytes());
   return t;
 }
 

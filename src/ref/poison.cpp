@@ -7,11 +7,6 @@
 
 namespace dsk::ref {
 
-uint8_t poison_byte(DType dtype) {
-  if (dtype == DType::fp4x2) return 0x88;  // (-0, -0): the e2m1 quantizer never writes -0
-  return is_floating_point(dtype) ? 0xFF   // NaN with every bit set in each float format
-                                  : 0x7F;  // integers: 0x7F7F..., not -1 (top-k padding)
-}
 void poison(const Tensor& t) {
   if (!t.defined() || t.numel() == 0) return;
   Tensor view = t;  // fill_bytes_ writes through the shared storage

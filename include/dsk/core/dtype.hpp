@@ -66,6 +66,15 @@ constexpr bool is_floating_point(DType t) {
   }
 }
 
+// The byte of a poisoned element, a value no correct kernel writes (ref::poison and
+// DSK_POISON_NEW_TENSORS fill with it): 0xFF in the float formats (a NaN with every payload bit
+// set; in e4m3 / e5m2 the -NaN only a NaN result becomes), 0x88 in fp4x2 (two e2m1 -0, which the
+// quantizer never writes), 0x7F in integers and bool (not -1, the padding of index outputs).
+constexpr uint8_t poison_byte(DType t) {
+  if (t == DType::fp4x2) return 0x88;
+  return is_floating_point(t) ? 0xFF : 0x7F;
+}
+
 // Upstream-style names: "float32", "bfloat16", "float8_e4m3fn", ...
 std::string_view dtype_name(DType t);
 std::ostream& operator<<(std::ostream& os, DType t);
