@@ -5,6 +5,7 @@
 // op is exact (codes, scales, the mapping, the fused casts against the unfused ones), within a
 // per-element bound elsewhere. The grids of the other tk tests hold the upstream shapes; these
 // cases look for the tails and offsets those grids do not reach. The seed is printed on failure.
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -293,6 +294,31 @@ TEST_P(RandomShapes, MappingExpandAndReduceMatchTheReference) {
     ASSERT_TRUE(close_everywhere(reduce_fused(rows, weights, m.token_topk_to_pos),
                                  ref::tk::reduce_fused(rows, weights, m.token_topk_to_pos), rel,
                                  1e-5));
+  }
+}
+
+// Scores rounded to bf16 (ref::randn), so rows hold ties, which the tie rule (the smaller index
+// first) settles the same way in the kernel and the reference: compared in order.
+TEST_P(RandomShapes, TopkSelectionsMatchTheReference) {
+  const uint64_t seed = test::fresh_seed();
+  Draw d(seed);
+  for (int i = 0; i < kCasesPerOp; ++i) {
+    const int64_t tokens = d.in(1, 60);
+    const int experts = static_cast<int>(d.pick<int64_t>({d.in(1, 64), d.in(1, 1024)}));
+    const int k = static_cast<int>(d.in(1, std::min(experts, 32)));
+    SCOPED_TRACE(::testing::Message() << "case " << i << ": " << tokens << " tokens, top-" << k
+                                      << " of " << experts << ", seed " << seed);
+    const Tensor scores = random_rows(d, tokens, experts, DType::f32);
+    ASSERT_TRUE(bitwise_equal(topk_gate(scores, k), ref::tk::topk_gate(scores, k)));
+    const int groups = static_cast<int>(d.in(1, 32));
+    const int per_group = static_cast<int>(d.in(1, 64));
+    const int sum = static_cast<int>(d.in(1, std::min(2, per_group)));
+    const int kept = static_cast<int>(d.in(1, groups));
+    SCOPED_TRACE(::testing::Message() << groups << " groups of " << per_group << ", top-" << sum
+                                      << " sums, " << kept << " kept");
+    const Tensor grouped = ref::randn({tokens, groups, per_group}, DType::f32, d.seed());
+    ASSERT_TRUE(bitwise_equal(topk_sum_and_topk_group_idx(grouped, sum, kept),
+                              ref::tk::topk_sum_and_topk_group_idx(grouped, sum, kept)));
   }
 }
 
