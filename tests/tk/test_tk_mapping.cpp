@@ -9,16 +9,7 @@ namespace {
 
 using test::bitwise_equal;
 using test::fresh_seed;
-
-void expect_same_mapping(const FusedMapping& got, const FusedMapping& want) {
-  EXPECT_TRUE(bitwise_equal(got.pos_to_expert, want.pos_to_expert));
-  EXPECT_TRUE(bitwise_equal(got.pos_to_token, want.pos_to_token));
-  EXPECT_TRUE(bitwise_equal(got.pos_to_token_topk, want.pos_to_token_topk));
-  EXPECT_TRUE(bitwise_equal(got.token_topk_to_pos, want.token_topk_to_pos));
-  EXPECT_TRUE(bitwise_equal(got.expert_start, want.expert_start));
-  EXPECT_TRUE(bitwise_equal(got.expert_end, want.expert_end));
-  EXPECT_TRUE(bitwise_equal(got.num_tokens_per_expert, want.num_tokens_per_expert));
-}
+using test::same_mapping;
 
 // Routing ids with about one -1 in ten.
 Tensor routing_ids(int64_t tokens, int k, int experts, uint64_t seed, DType dtype = DType::i64) {
@@ -46,7 +37,7 @@ TEST(FusedMapping, MatchesTheReferenceExactly) {
         const FusedMapping want = ref::tk::get_fused_mapping(idx, 256, alignment);
         SCOPED_TRACE(::testing::Message()
                      << tokens << " tokens, alignment " << alignment << ", seed " << seed);
-        expect_same_mapping(got, want);
+        EXPECT_TRUE(same_mapping(got, want));
         EXPECT_EQ(got.num_tokens_per_expert_list, want.num_tokens_per_expert_list);
         // Every expert starts at a multiple of the alignment; padding rows are -1 throughout.
         for (int e = 0; e < 256; ++e) EXPECT_EQ(got.expert_start.at<int32_t>({e}) % alignment, 0);
@@ -57,7 +48,7 @@ TEST(FusedMapping, DefaultsToTheGemmAlignmentAndIsTheGroupedLayout) {
   const int alignment = gemm::get_mk_alignment_for_contiguous_layout();
   const Tensor idx = routing_ids(300, 8, 64, fresh_seed());
   const FusedMapping m = get_fused_mapping(idx, 64);
-  expect_same_mapping(m, ref::tk::get_fused_mapping(idx, 64, alignment));
+  EXPECT_TRUE(same_mapping(m, ref::tk::get_fused_mapping(idx, 64, alignment)));
   // pos_to_expert is a valid grouped_layout: segments of one expert, -1 only at segment ends.
   const int64_t rows = m.pos_to_expert.size(0);
   EXPECT_EQ(rows % alignment, 0);
@@ -83,7 +74,7 @@ TEST(FusedMapping, HonoursAUserSetGemmAlignment) {
   for (int alignment : {16, 48, 128}) {
     gemm::set_mk_alignment_for_contiguous_layout(alignment);
     const FusedMapping m = get_fused_mapping(idx, 64);
-    expect_same_mapping(m, ref::tk::get_fused_mapping(idx, 64, alignment));
+    EXPECT_TRUE(same_mapping(m, ref::tk::get_fused_mapping(idx, 64, alignment)));
     for (int e = 0; e < 64; ++e) EXPECT_EQ(m.expert_start.at<int32_t>({e}) % alignment, 0);
     // The no-sync upper bound uses the same value.
     EXPECT_EQ(get_fused_mapping(idx, 64, 0, std::nullopt, true).pos_to_expert.size(0),
@@ -112,7 +103,7 @@ TEST(FusedMapping, PresizedBuffersAndThreadCounts) {
   set_num_threads(1);
   const FusedMapping one = get_fused_mapping(idx, 256, 0, 32);
   set_num_threads(saved);
-  expect_same_mapping(one, exact);
+  EXPECT_TRUE(same_mapping(one, exact));
 }
 
 TEST(FusedMapping, RejectsIdsOutOfRange) {

@@ -13,18 +13,11 @@ namespace {
 
 using test::bitwise_equal;
 using test::fresh_seed;
+using test::Layout;
+using test::same_cast;
 
 int64_t blocks_of(int64_t n, int64_t g) {
   return (n + g - 1) / g;
-}
-
-// Codes and scales (in whatever layout) equal to the reference's.
-::testing::AssertionResult same_cast(const QuantTensor& got, const QuantTensor& want,
-                                     int64_t scale_rows, int64_t blocks) {
-  if (auto r = bitwise_equal(got.data, want.data); !r) return r << " (codes)";
-  if (auto r = bitwise_equal(test::scales_of(got, scale_rows, blocks), want.sf); !r)
-    return r << " (scales)";
-  return ::testing::AssertionSuccess();
 }
 
 // The layout each flag combination promises.
@@ -46,9 +39,6 @@ void expect_layout(const QuantTensor& q, int64_t rows, int64_t blocks, bool col_
     }
 }
 
-struct Layout {
-  bool col_major, round_sf, packed;
-};
 constexpr Layout kLayouts[] = {{false, false, false},
                                {false, true, false},
                                {true, true, false},

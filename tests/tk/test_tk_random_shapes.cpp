@@ -15,6 +15,8 @@ namespace dsk::tk {
 namespace {
 
 using test::bitwise_equal;
+using test::Layout;
+using test::same_cast;
 using test::values_of;
 
 constexpr int kCasesPerOp = 40;
@@ -59,19 +61,6 @@ Tensor random_rows(Draw& d, int64_t rows, int64_t cols, DType dtype, float std =
              << "element " << i << " of " << g.size() << ": " << g[i] << ", want " << w[i];
   return ::testing::AssertionSuccess();
 }
-
-// Codes and scales (any layout) equal to the reference's.
-::testing::AssertionResult same_cast(const QuantTensor& got, const QuantTensor& want,
-                                     int64_t scale_rows, int64_t blocks) {
-  if (auto r = bitwise_equal(got.data, want.data); !r) return r << " (codes)";
-  if (auto r = bitwise_equal(test::scales_of(got, scale_rows, blocks), want.sf); !r)
-    return r << " (scales)";
-  return ::testing::AssertionSuccess();
-}
-
-struct Layout {
-  bool col_major, round_sf, packed;
-};
 
 Layout random_layout(Draw& d) {
   const bool packed = d.in(0, 3) == 0;
@@ -275,13 +264,7 @@ TEST_P(RandomShapes, MappingExpandAndReduceMatchTheReference) {
     const Tensor idx = ref::randint({tokens, k}, id_dtype, d.seed(), -1, experts);
     const FusedMapping m = get_fused_mapping(idx, experts, 0, alignment);
     const FusedMapping want = ref::tk::get_fused_mapping(idx, experts, alignment);
-    ASSERT_TRUE(bitwise_equal(m.pos_to_expert, want.pos_to_expert));
-    ASSERT_TRUE(bitwise_equal(m.pos_to_token, want.pos_to_token));
-    ASSERT_TRUE(bitwise_equal(m.pos_to_token_topk, want.pos_to_token_topk));
-    ASSERT_TRUE(bitwise_equal(m.token_topk_to_pos, want.token_topk_to_pos));
-    ASSERT_TRUE(bitwise_equal(m.expert_start, want.expert_start));
-    ASSERT_TRUE(bitwise_equal(m.expert_end, want.expert_end));
-    ASSERT_TRUE(bitwise_equal(m.num_tokens_per_expert, want.num_tokens_per_expert));
+    ASSERT_TRUE(test::same_mapping(m, want));
     const Tensor x = random_rows(d, tokens, hidden, dtype);
     ASSERT_TRUE(bitwise_equal(expand_to_fused(x, m.token_topk_to_pos, m.pos_to_expert),
                               ref::tk::expand_to_fused(x, m.token_topk_to_pos, m.pos_to_expert)));

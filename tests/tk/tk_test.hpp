@@ -81,6 +81,37 @@ inline Tensor scales_of(const QuantTensor& q, int64_t rows, int64_t blocks) {
   return ref::tk::unpack_scales(q.sf, rows, blocks);
 }
 
+// The scale layout flags of a cast: use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0.
+struct Layout {
+  bool col_major, round_sf, packed;
+};
+
+// Codes and scales (the scales in whatever layout) equal to the reference's f32 [scale_rows,
+// blocks].
+inline ::testing::AssertionResult same_cast(const QuantTensor& got, const QuantTensor& want,
+                                            int64_t scale_rows, int64_t blocks) {
+  if (auto r = bitwise_equal(got.data, want.data); !r) return r << " (codes)";
+  if (auto r = bitwise_equal(scales_of(got, scale_rows, blocks), want.sf); !r)
+    return r << " (scales)";
+  return ::testing::AssertionSuccess();
+}
+
+// Every tensor of two fused mappings bitwise equal; on failure the message names the first that
+// differs.
+inline ::testing::AssertionResult same_mapping(const FusedMapping& got, const FusedMapping& want) {
+  const std::pair<const char*, const Tensor FusedMapping::*> fields[] = {
+      {"pos_to_expert", &FusedMapping::pos_to_expert},
+      {"pos_to_token", &FusedMapping::pos_to_token},
+      {"pos_to_token_topk", &FusedMapping::pos_to_token_topk},
+      {"token_topk_to_pos", &FusedMapping::token_topk_to_pos},
+      {"expert_start", &FusedMapping::expert_start},
+      {"expert_end", &FusedMapping::expert_end},
+      {"num_tokens_per_expert", &FusedMapping::num_tokens_per_expert}};
+  for (const auto& [name, field] : fields)
+    if (auto r = bitwise_equal(got.*field, want.*field); !r) return r << " (" << name << ")";
+  return ::testing::AssertionSuccess();
+}
+
 // Poisoned output buffers for ops that take `out`.
 inline Tensor poisoned(const Shape& shape, DType dtype) {
   Tensor t = Tensor::empty(shape, dtype);
