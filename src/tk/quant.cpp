@@ -38,10 +38,13 @@ CastOutput alloc_cast_output(int64_t rows, int64_t cols, QuantFormat fmt, int64_
 QuantFormat check_token_cast(const char* fn, const Tensor& x, int64_t hidden, std::string_view fmt,
                              int num_per_channels, bool round_sf, bool packed) {
   const QuantFormat f = detail::parse_quant_format(fn, fmt);
+  // A row of width 0 has no whole-row block: 0 would be a division by zero.
+  const bool whole_row = num_per_channels == hidden && hidden > 0;
   DSK_CHECK_ARG(num_per_channels == 16 || num_per_channels == 32 || num_per_channels == 64 ||
-                    num_per_channels == 128 || num_per_channels == hidden,
+                    num_per_channels == 128 || whole_row,
                 fn, "num_per_channels",
-                "16, 32, 64, 128 or the hidden size (" + std::to_string(hidden) + ")",
+                hidden > 0 ? "16, 32, 64, 128 or the hidden size (" + std::to_string(hidden) + ")"
+                           : std::string("16, 32, 64 or 128 (the rows are empty)"),
                 num_per_channels);
   if (f == QuantFormat::e2m1)
     DSK_CHECK_ARG(hidden % 2 == 0 && num_per_channels % 2 == 0, fn, "x",

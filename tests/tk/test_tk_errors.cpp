@@ -166,5 +166,23 @@ TEST(TkErrors, EmptyInputsAreFine) {
       rms_norm(Tensor::empty({0, 128}, DType::bf16), Tensor::empty({128}, DType::f32)).size(0), 0);
 }
 
+// Rows of width 0: the casts with a fixed block size return empty codes and a scale per row; a
+// block as wide as the row (num_per_channels = hidden = 0) is an error, not a division by zero
+// (it used to end the process with SIGFPE).
+TEST(TkErrors, RowsOfWidthZero) {
+  const Tensor x = Tensor::empty({4, 0}, DType::bf16);
+  const QuantTensor q = per_token_cast(x, "e4m3", 128);
+  EXPECT_EQ(q.data.sizes(), (Shape{4, 0}));
+  expect_error([&] { per_token_cast(x, "e4m3", 0); }, "tk::per_token_cast", "num_per_channels");
+  expect_error([&] { swiglu_forward_and_per_token_cast(x, "e4m3", 0); },
+               "tk::swiglu_forward_and_per_token_cast", "num_per_channels");
+  expect_error(
+      [&] {
+        rmsnorm_forward_and_per_token_cast(x, Tensor::empty({0}, DType::f32), 1e-6f, "e4m3", 0);
+      },
+      "tk::rmsnorm_forward_and_per_token_cast", "num_per_channels");
+  EXPECT_EQ(rms_norm(x, Tensor::empty({0}, DType::f32)).sizes(), (Shape{4, 0}));
+}
+
 }  // namespace
 }  // namespace dsk::tk
