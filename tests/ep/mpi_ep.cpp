@@ -446,6 +446,45 @@ TEST_P(EpTest, ExpandDispatchOfModelSizedRows) {
   expect_expand_matches_normal(buffer, tk.x, tk.topk, tk.weights, std::nullopt, E() / R());
 }
 
+// A rank with no tokens (a data-parallel rank without requests) still takes part in every
+// exchange, and a round in which every slot of every rank is masked moves no row: the dispatch
+// equals the Alltoallv reference, expand mode matches the normal dispatch, and the combine of
+// identity experts gives x times the ranks each token visited (zero rows for masked tokens, an
+// empty output on the empty rank).
+TEST_P(EpTest, RanksWithoutTokensAndFullyMaskedRounds) {
+  auto buffer = make_buffer();
+  for (const bool all_masked : {false, true}) {
+    const int64_t T = !all_masked && me() == 0 ? 0 : tokens();
+    const Tensor x = random_bf16(T, kHidden, rng);
+    const Tensor topk = random_topk(T, kTopk, E(), rng, all_masked ? 1.0 : 0.1);
+    const Tensor w = random_weights(T, kTopk, rng);
+    SCOPED_TRACE(::testing::Message() << T << " tokens, all masked " << all_masked);
+    const DispatchResult d = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
+    const RefDispatch ref = ref_dispatch(x, nullptr, topk, &w, E());
+    ASSERT_EQ(d.recv_x.size(0), ref.n);
+    if (all_masked) {
+      EXPECT_EQ(ref.n, 0);
+    } else if (ref.n > 0) {
+      EXPECT_EQ(std::memcmp(d.recv_x.data_ptr(), ref.x.data(), ref.x.size()), 0);
+    }
+    const CombineResult c =
+        buffer->combine(d.recv_x, d.handle, {.topk_weights = *d.recv_topk_weights});
+    ASSERT_EQ(c.combined_x.sizes(), (Shape{T, kHidden}));
+    for (int64_t t = 0; t < T; ++t) {
+      int visits = 0;
+      for (int r = 0; r < R(); ++r) visits += d.handle.is_token_in_rank.at<bool>({t, r});
+      for (int64_t h = 0; h < kHidden; ++h) {
+        float acc = 0.0f;
+        for (int v = 0; v < visits; ++v) acc += bf16_to_f32(x.at<bf16>({t, h}));
+        ASSERT_EQ(c.combined_x.at<bf16>({t, h}).bits, f32_to_bf16(acc).bits)
+            << "token " << t << " channel " << h;
+      }
+    }
+    expect_combined_weights(c, topk, w);
+    expect_expand_matches_normal(*buffer, x, topk, w, std::nullopt, E() / R());
+  }
+}
+
 // Expand-mode combine: rank r answers slot k of token gid with combine_value(gid, k); the owner
 // recomputes refs.py's two-level order (each rank's slots in order to a BF16 partial, then the
 // partials at each rank's last slot) and compares bitwise.

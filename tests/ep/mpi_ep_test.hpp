@@ -118,7 +118,7 @@ inline RefDispatch ref_dispatch(const Tensor& x, const Tensor* sf, const Tensor&
                                 const Tensor* weights, int E) {
   const int R = world_size(), me = world_rank(), El = E / R;
   const int64_t T = x.size(0), K = topk.size(1);
-  const size_t row = x.nbytes() / static_cast<size_t>(std::max<int64_t>(T, 1));
+  const size_t row = static_cast<size_t>(x.size(1)) * x.element_size();  // also when T == 0
   const int64_t nsf = sf ? sf->size(1) : 0;
   std::vector<std::vector<std::byte>> sx(R);
   std::vector<std::vector<float>> ssf(R), sw(R);
