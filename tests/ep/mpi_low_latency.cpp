@@ -43,7 +43,8 @@ std::vector<std::vector<V>> allgather_rows(const V* mine, int64_t n, int64_t per
   std::vector<std::vector<V>> out(R);
   for (int r = 0; r < R; ++r) {
     out[r].resize(static_cast<size_t>(rows[r] * per_row));
-    std::memcpy(out[r].data(), all.data() + displs[r], static_cast<size_t>(counts[r]));
+    if (counts[r] > 0)  // an empty vector's data() may be null
+      std::memcpy(out[r].data(), all.data() + displs[r], static_cast<size_t>(counts[r]));
   }
   return out;
 }
@@ -273,6 +274,28 @@ TEST_P(EpTest, LowLatencyMaskedTokensGoNowhere) {
   const LowLatencyCombineResult c =
       buffer->low_latency_combine(d.recv_x, tk.topk, tk.weights, d.handle);
   for (int64_t h = 0; h < kHidden; ++h) ASSERT_EQ(c.combined_x.at<bf16>({0, h}).bits, 0);
+}
+
+// A rank without tokens still sends its (empty) share and receives the others' rows; its combine
+// returns an empty output, and the others' tokens combine as usual.
+TEST_P(EpTest, LowLatencyRankWithoutTokens) {
+  auto buffer = make_buffer();
+  Tokens tk = make_tokens();
+  if (me() == 0) {
+    tk.T = 0;
+    tk.x = random_bf16(0, kHidden, rng);
+    tk.topk = random_topk(0, kTopk, E(), rng);
+    tk.weights = random_weights(0, kTopk, rng);
+  }
+  const World w = gather(tk);
+  const LowLatencyDispatchResult d =
+      buffer->low_latency_dispatch(tk.x, tk.topk, kTmax, E(), {.use_fp8 = false});
+  const auto rows = check_layout(w, d, me(), El());
+  expect_reference_rows(w, d, rows);
+  const LowLatencyCombineResult c =
+      buffer->low_latency_combine(d.recv_x, tk.topk, tk.weights, d.handle);
+  ASSERT_EQ(c.combined_x.sizes(), (Shape{tk.T, kHidden}));
+  expect_identity_combine(c.combined_x, tk, El());
 }
 
 // return_recv_hook: the call sends, the hook receives (once); the results equal the synchronous
