@@ -128,13 +128,11 @@ Tensor randint(const Shape& shape, DType dtype, uint64_t seed, int64_t lo, int64
 // ---- poisoning outputs ----
 //
 // poison() sets every element of a tensor (or strided view) to a pattern no correct kernel
-// writes, so a test can prove that every element was written:
-//   f64, f32, f16, bf16, e4m3, e5m2, ue8m0: all bytes 0xFF (a NaN in each format; for the wide
-//     formats one no arithmetic produces, for e4m3/e5m2 the -NaN a NaN result converts to)
-//   fp4x2: 0x88 (two -0 values: the e2m1 quantizer never produces -0)
-//   integers and bool: all bytes 0x7F (i32 0x7F7F7F7F; not -1, which index outputs use as padding)
+// writes, so a test can prove that every element was written. The pattern of each dtype is
+// dsk::poison_byte (include/dsk/core/dtype.hpp: 0xFF in the float formats, 0x88 in fp4x2, 0x7F in
+// integers and bool), the one DSK_POISON_NEW_TENSORS fills new tensors with.
 
-using dsk::poison_byte;  // include/dsk/core/dtype.hpp: the one rule
+using dsk::poison_byte;
 void poison(const Tensor& t);
 // Elements whose bytes all equal poison_byte(dtype).
 int64_t count_poisoned(const Tensor& t);

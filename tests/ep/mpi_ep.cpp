@@ -226,6 +226,25 @@ TEST_P(EpTest, CachedDispatchEqualsTheOriginal) {
             0);
 }
 
+// The combine of identity experts, bitwise: each token's biases (0 to 2, in order) plus x once
+// per rank it visited, summed in f32 and rounded once to bf16.
+void expect_x_times_visits(const Tensor& combined, const Tensor& x, const DispatchHandle& handle,
+                           const std::vector<Tensor>& bias) {
+  const int ranks = static_cast<int>(handle.is_token_in_rank.size(1));
+  for (int64_t t = 0; t < x.size(0); ++t) {
+    int visits = 0;
+    for (int r = 0; r < ranks; ++r) visits += handle.is_token_in_rank.at<bool>({t, r});
+    for (int64_t h = 0; h < x.size(1); ++h) {
+      float acc = 0.0f;
+      if (!bias.empty()) acc = bf16_to_f32(bias[0].at<bf16>({t, h}));
+      if (bias.size() > 1) acc = acc + bf16_to_f32(bias[1].at<bf16>({t, h}));
+      for (int v = 0; v < visits; ++v) acc += bf16_to_f32(x.at<bf16>({t, h}));
+      ASSERT_EQ(combined.at<bf16>({t, h}).bits, f32_to_bf16(acc).bits)
+          << "token " << t << " channel " << h << " biases " << bias.size();
+    }
+  }
+}
+
 // Identity experts: combining the received rows gives x times the ranks each token visited
 // (exact in f32 for small counts), plus the biases, bitwise; weights come back per slot.
 TEST_P(EpTest, CombineOfIdentityExpertsIsXTimesRanksPlusBias) {
@@ -237,18 +256,8 @@ TEST_P(EpTest, CombineOfIdentityExpertsIsXTimesRanksPlusBias) {
     for (int i = 0; i < nbias; ++i) bias.push_back(random_bf16(T, kHidden, rng));
     const CombineResult c =
         buffer->combine(d.recv_x, d.handle, {.topk_weights = *d.recv_topk_weights, .bias = bias});
-    for (int64_t t = 0; t < T; ++t) {
-      int visits = 0;
-      for (int r = 0; r < R(); ++r) visits += d.handle.is_token_in_rank.at<bool>({t, r});
-      for (int64_t h = 0; h < kHidden; ++h) {
-        float acc = 0.0f;
-        if (nbias > 0) acc = bf16_to_f32(bias[0].at<bf16>({t, h}));
-        if (nbias > 1) acc = acc + bf16_to_f32(bias[1].at<bf16>({t, h}));
-        for (int v = 0; v < visits; ++v) acc += bf16_to_f32(x.at<bf16>({t, h}));
-        ASSERT_EQ(c.combined_x.at<bf16>({t, h}).bits, f32_to_bf16(acc).bits)
-            << "token " << t << " channel " << h << " biases " << nbias;
-      }
-    }
+    expect_x_times_visits(c.combined_x, x, d.handle, bias);
+    if (HasFatalFailure()) return;
     expect_combined_weights(c, topk, w);
   }
 }
@@ -470,16 +479,8 @@ TEST_P(EpTest, RanksWithoutTokensAndFullyMaskedRounds) {
     const CombineResult c =
         buffer->combine(d.recv_x, d.handle, {.topk_weights = *d.recv_topk_weights});
     ASSERT_EQ(c.combined_x.sizes(), (Shape{T, kHidden}));
-    for (int64_t t = 0; t < T; ++t) {
-      int visits = 0;
-      for (int r = 0; r < R(); ++r) visits += d.handle.is_token_in_rank.at<bool>({t, r});
-      for (int64_t h = 0; h < kHidden; ++h) {
-        float acc = 0.0f;
-        for (int v = 0; v < visits; ++v) acc += bf16_to_f32(x.at<bf16>({t, h}));
-        ASSERT_EQ(c.combined_x.at<bf16>({t, h}).bits, f32_to_bf16(acc).bits)
-            << "token " << t << " channel " << h;
-      }
-    }
+    expect_x_times_visits(c.combined_x, x, d.handle, {});
+    if (HasFatalFailure()) return;
     expect_combined_weights(c, topk, w);
     expect_expand_matches_normal(*buffer, x, topk, w, std::nullopt, E() / R());
   }

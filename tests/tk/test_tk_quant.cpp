@@ -12,13 +12,10 @@ namespace dsk::tk {
 namespace {
 
 using test::bitwise_equal;
+using test::blocks_of;
 using test::fresh_seed;
 using test::Layout;
 using test::same_cast;
-
-int64_t blocks_of(int64_t n, int64_t g) {
-  return (n + g - 1) / g;
-}
 
 // The layout each flag combination promises.
 void expect_layout(const QuantTensor& q, int64_t rows, int64_t blocks, bool col_major,

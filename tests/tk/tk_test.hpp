@@ -81,6 +81,11 @@ inline Tensor scales_of(const QuantTensor& q, int64_t rows, int64_t blocks) {
   return ref::tk::unpack_scales(q.sf, rows, blocks);
 }
 
+// Blocks of g values in a row of n (the last one may be shorter): scale columns of a cast.
+inline int64_t blocks_of(int64_t n, int64_t g) {
+  return (n + g - 1) / g;
+}
+
 // The scale layout flags of a cast: use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0.
 struct Layout {
   bool col_major, round_sf, packed;
