@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -92,6 +93,17 @@ void fill_uniform(float* data, size_t n, uint64_t seed) {
     // 24 random bits -> [-1, 1)
     data[i] = static_cast<float>(static_cast<int32_t>(state >> 40) - (1 << 23)) * 0x1p-23f;
   }
+}
+
+double mismatches(const Tensor& a, const Tensor& b) {
+  if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return 1e30;
+  const Tensor ca = a.contiguous(), cb = b.contiguous();
+  const size_t es = ca.element_size();
+  double bad = 0;
+  for (int64_t i = 0; i < ca.numel(); ++i)
+    bad += std::memcmp(static_cast<const char*>(ca.data_ptr()) + i * es,
+                       static_cast<const char*>(cb.data_ptr()) + i * es, es) != 0;
+  return bad;
 }
 
 size_t last_level_cache_bytes() {

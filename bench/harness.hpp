@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include <dsk/core/tensor.hpp>
+
 namespace dsk::bench {
 
 // ---- Roofline terms ----
@@ -130,6 +132,10 @@ std::mt19937_64 fresh_rng();
 // Fast deterministic-per-seed filler for large benchmark buffers (quality is irrelevant there,
 // speed is not): values uniform in [-1, 1), never all zero.
 void fill_uniform(float* data, size_t n, uint64_t seed);
+
+// Elements whose bytes differ (exact comparison; NaN payloads included), or 1e30 when the shapes
+// or dtypes differ: the "mismatches" metric of verify cases.
+double mismatches(const Tensor& a, const Tensor& b);
 
 // Bytes of the last-level cache (sysconf, then sysfs, else 32 MiB).
 size_t last_level_cache_bytes();

@@ -32,6 +32,7 @@
 
 #include <dsk/core/timer.hpp>
 #include <dsk/ep.hpp>
+#include <dsk/ref.hpp>
 
 #include "bench/harness.hpp"
 
@@ -45,7 +46,7 @@ constexpr int kExperts = 256;
 std::string needs_mpirun() {
   if (ep::Communicator::launched_by_mpi()) return "";
   return "needs mpirun: OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 "
-         "--oversubscribe dsk bench ep";
+         "--oversubscribe dsk bench|verify ep";
 }
 
 // The group; ranks other than 0 stop printing, so one table comes out.
@@ -485,6 +486,137 @@ BenchCase low_latency_case(bool dispatch, ep::Transport transport) {
       }};
 }
 
+// ---- verify: dispatch and combine against dsk::ref::ep (upstream's refs.py over plain
+// MPI_Alltoallv), bitwise, on every transport ----
+
+// One rank's tokens for a verify case: fresh random rows, uneven counts per rank, distinct experts
+// per token with about one slot in ten masked to -1, random weights.
+struct VerifyTokens {
+  int64_t Tmax = 0;
+  int E = 0;
+  Tensor x, topk, weights;
+};
+
+VerifyTokens verify_tokens(bool quick) {
+  VerifyTokens v;
+  v.Tmax = quick ? 128 : 512;
+  v.E = kExperts - kExperts % comm().size();
+  const int64_t T = v.Tmax - (17 * comm().rank()) % (v.Tmax / 2);
+  std::mt19937_64 rng = fresh_rng();
+  v.x = ref::randn({T, kHidden}, DType::bf16, rng());
+  uniform_routing(T, v.E, rng(), v.topk, v.weights);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (int64_t i = 0; i < v.topk.numel(); ++i) {
+    if (u(rng) < 0.1f) v.topk.data<int64_t>()[i] = -1;
+    v.weights.data<float>()[i] = 0.1f + u(rng);
+  }
+  return v;
+}
+
+// Values +-m * 2^e, m in [1, 2), e in [-20, 20]: their f32 sums round, so a combine that adds
+// in another order than the reference's shows in the bits (values of like magnitude add exactly).
+Tensor wide_range_bf16(int64_t rows, std::mt19937_64& rng) {
+  Tensor t = Tensor::empty({rows, kHidden}, DType::bf16);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float m = mantissa(rng);
+    t.data<bf16>()[i] = f32_to_bf16(std::ldexp((rng() & 1) != 0 ? m : -m, exponent(rng)));
+  }
+  return t;
+}
+
+ep::Buffer verify_buffer(const VerifyTokens& v, ep::Transport transport, bool fp8) {
+  return ep::Buffer(comm(), {.num_max_tokens_per_rank = v.Tmax,
+                             .hidden = kHidden,
+                             .num_topk = kTopk,
+                             .num_experts = v.E,
+                             .use_fp8_dispatch = fp8,
+                             .transport = transport});
+}
+
+// Every received field against the reference's: rows (and scales), local ids, weights, source
+// positions, rows per local expert.
+double dispatch_mismatches(const ep::DispatchResult& got, const ref::ep::Dispatch& want) {
+  constexpr double kMissing = 1e30;
+  double bad = mismatches(got.recv_x, want.x) + mismatches(got.handle.recv_src_idx, want.src_idx);
+  bad += got.recv_topk_idx ? mismatches(*got.recv_topk_idx, want.topk_idx) : kMissing;
+  if (want.x_sf) bad += got.recv_x_sf ? mismatches(*got.recv_x_sf, *want.x_sf) : kMissing;
+  if (want.topk_weights)
+    bad +=
+        got.recv_topk_weights ? mismatches(*got.recv_topk_weights, *want.topk_weights) : kMissing;
+  if (got.num_recv_tokens_per_expert_list.size() != want.rows_per_expert.size()) return kMissing;
+  for (size_t e = 0; e < want.rows_per_expert.size(); ++e)
+    bad += got.num_recv_tokens_per_expert_list[e] != want.rows_per_expert[e];
+  return bad;
+}
+
+enum class VerifyOp { dispatch_bf16, dispatch_fp8, combine, combine_in_place };
+
+// The largest count over the ranks, so that every rank reports (and prints) the same.
+double verify_transfer(VerifyOp op, ep::Transport transport, bool quick) {
+  const VerifyTokens v = verify_tokens(quick);
+  const bool fp8 = op == VerifyOp::dispatch_fp8;
+  ep::Buffer buffer = verify_buffer(v, transport, fp8);
+  std::mt19937_64 rng = fresh_rng();
+  if (fp8) {
+    const int64_t T = v.x.size(0);
+    gemm::Fp8Tensor x{Tensor::empty({T, kHidden}, DType::e4m3),
+                      ref::rand_uniform({T, kHidden / 128}, DType::f32, rng(), 0.5f, 2.0f)};
+    const Tensor values = ref::randn({T, kHidden}, DType::f32, rng(), 0.0f, 100.0f);
+    convert_f32_to_e4m3(values.data<float>(), x.data.data<e4m3>(),
+                        static_cast<size_t>(T * kHidden));
+    const ep::DispatchResult got =
+        buffer.dispatch(x, {.topk_idx = v.topk, .topk_weights = v.weights});
+    const ref::ep::Dispatch want = ref::ep::dispatch(comm(), x.data, x.sf, v.topk, v.weights, v.E);
+    return comm().allreduce_max(dispatch_mismatches(got, want));
+  }
+  const ep::DispatchResult got =
+      buffer.dispatch(v.x, {.topk_idx = v.topk, .topk_weights = v.weights});
+  const ref::ep::Dispatch want =
+      ref::ep::dispatch(comm(), v.x, std::nullopt, v.topk, v.weights, v.E);
+  if (op == VerifyOp::dispatch_bf16) return comm().allreduce_max(dispatch_mismatches(got, want));
+  // The experts' outputs: fresh rows of a wide range, in a tensor of their own or written over
+  // recv_x (whose rows the transports may read where they are); one bias (the shared expert), or
+  // two (the residual).
+  const Tensor y = wide_range_bf16(want.x.size(0), rng);
+  std::vector<Tensor> bias{wide_range_bf16(v.x.size(0), rng)};
+  Tensor experts_out = y;
+  if (op == VerifyOp::combine_in_place) {
+    bias.push_back(wide_range_bf16(v.x.size(0), rng));
+    if (got.recv_x.sizes() == y.sizes())
+      std::memcpy(got.recv_x.data_ptr(), y.data_ptr(), y.nbytes());
+    experts_out = got.recv_x;
+  }
+  const ep::CombineResult c = buffer.combine(
+      experts_out, got.handle, {.topk_weights = *got.recv_topk_weights, .bias = bias});
+  const ref::ep::Combine expect = ref::ep::combine(comm(), y, want, v.topk, bias, v.E);
+  double bad = mismatches(c.combined_x, expect.x);
+  bad +=
+      c.combined_topk_weights ? mismatches(*c.combined_topk_weights, *expect.topk_weights) : 1e30;
+  return comm().allreduce_max(bad);
+}
+
+VerifyCase transfer_verify(VerifyOp op, ep::Transport transport) {
+  const std::string name = op == VerifyOp::dispatch_bf16  ? "ep_dispatch_bf16"
+                           : op == VerifyOp::dispatch_fp8 ? "ep_dispatch_fp8"
+                           : op == VerifyOp::combine      ? "ep_combine_bf16"
+                                                          : "ep_combine_bf16_in_place";
+  return {
+      .name = name + suffix(transport),
+      .shape = "T=512-17r(--quick 128-17r),H=7168,topk=8,E=256,10% -1",
+      .metric = "mismatches",
+      .tolerance = 0,
+      .unavailable =
+          [transport] {
+            std::string why = needs_mpirun();
+            if (why.empty() && transport == ep::Transport::shared_memory && !comm().single_host())
+              why = "the ranks are on several hosts";
+            return why;
+          },
+      .run = [=](const CaseContext& ctx) { return verify_transfer(op, transport, ctx.quick); }};
+}
+
 }  // namespace
 
 void register_ep_cases(Registry& r) {
@@ -506,6 +638,11 @@ void register_ep_cases(Registry& r) {
     r.add(low_latency_case(true, transport));
     r.add(low_latency_case(false, transport));
   }
+  for (ep::Transport transport :
+       {ep::Transport::shared_memory, ep::Transport::mpi_alltoallv, ep::Transport::mpi_one_sided})
+    for (VerifyOp op : {VerifyOp::dispatch_bf16, VerifyOp::dispatch_fp8, VerifyOp::combine,
+                        VerifyOp::combine_in_place})
+      r.add(transfer_verify(op, transport));
 }
 
 }  // namespace dsk::bench

@@ -339,17 +339,6 @@ void add_mapping_benches(Registry& r) {
 
 // ---- verify cases ----
 
-double mismatches(const Tensor& a, const Tensor& b) {
-  if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return 1e30;
-  const Tensor ca = a.contiguous(), cb = b.contiguous();
-  const size_t es = ca.element_size();
-  double bad = 0;
-  for (int64_t i = 0; i < ca.numel(); ++i)
-    bad += std::memcmp(static_cast<const char*>(ca.data_ptr()) + i * es,
-                       static_cast<const char*>(cb.data_ptr()) + i * es, es) != 0;
-  return bad;
-}
-
 uint64_t fresh_seed() {
   return fresh_rng()();
 }

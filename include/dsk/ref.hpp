@@ -414,3 +414,48 @@ CrossCheck cross_check(dsk::model::Model& model, Reference& reference,
                        std::span<const int32_t> prompt, int steps, bool replay_decisions = true);
 
 }  // namespace dsk::ref::model
+
+// ================================================================================================
+// ---- ep (the oracle of dsk::ep) ----
+//
+// Upstream's refs.py, each field moved by one plain Communicator::alltoallv; collective, so every
+// rank of the group calls it in the same order.
+// dispatch: each token goes to every rank d that one of its top-k slots selects (d = expert /
+// (E / R); -1 selects nothing), once; rank d receives the tokens ordered by source rank, then by
+// source token. A received slot keeps its expert as a local id (expert - d * E / R) where it lives
+// on d, else -1 and weight 0.
+// combine: the inverse. Each received row goes back to its token's rank, which sums per token in
+// f32, from 0 or from the biases (in order), each rank's row in the order of that rank's last
+// top-k slot, rounded once to bf16; the top-k weights come back summed per slot over the ranks
+// (the dispatched weight where the slot was routed, else 0).
+#include <dsk/ep.hpp>
+
+namespace dsk::ref::ep {
+
+struct Dispatch {
+  Tensor x;                              // [N, H] in x's dtype (bf16, or e4m3 with x_sf)
+  std::optional<Tensor> x_sf;            // f32 [N, H / 128]
+  Tensor topk_idx;                       // i64 [N, K]: local expert ids or -1
+  std::optional<Tensor> topk_weights;    // f32 [N, K]: 0 where the slot is not local
+  Tensor src_idx;                        // i32 [N]: the token's index on its own rank
+  std::vector<int64_t> rows_per_rank;    // rows from each source rank
+  std::vector<int64_t> rows_per_expert;  // rows that select each local expert
+};
+
+// x [T, H] bf16 or e4m3 (then x_sf f32 [T, H / 128]), topk_idx i32 / i64 [T, K], topk_weights
+// f32 [T, K]; num_experts a multiple of the group's size.
+Dispatch dispatch(const dsk::ep::Communicator& comm, const Tensor& x,
+                  const std::optional<Tensor>& x_sf, const Tensor& topk_idx,
+                  const std::optional<Tensor>& topk_weights, int num_experts);
+
+struct Combine {
+  Tensor x;                            // bf16 [T, H]
+  std::optional<Tensor> topk_weights;  // f32 [T, K] when the dispatch carried weights
+};
+
+// y bf16 [N, H]: one row per row of `dispatched` (the experts' outputs, in its order);
+// topk_idx this rank's [T, K] of that dispatch; bias 0, 1 or 2 bf16 [T, H].
+Combine combine(const dsk::ep::Communicator& comm, const Tensor& y, const Dispatch& dispatched,
+                const Tensor& topk_idx, const std::vector<Tensor>& bias, int num_experts);
+
+}  // namespace dsk::ref::ep

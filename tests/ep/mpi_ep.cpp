@@ -54,17 +54,18 @@ TEST_P(EpTest, DispatchEqualsAlltoallvReferenceBitwise) {
                            .num_tokens_per_expert = layout.num_tokens_per_expert,
                            .topk_idx = topk,
                            .topk_weights = w});
-  const RefDispatch ref = ref_dispatch(x, nullptr, topk, &w, E());
-  ASSERT_EQ(out.recv_x.size(0), ref.n);
-  EXPECT_EQ(std::memcmp(out.recv_x.data_ptr(), ref.x.data(), ref.x.size()), 0);
+  const ref::ep::Dispatch ref = ref_dispatch(x, nullptr, topk, &w);
+  ASSERT_EQ(out.recv_x.size(0), ref.x.size(0));
+  EXPECT_EQ(std::memcmp(out.recv_x.data_ptr(), ref.x.data_ptr(), ref.x.nbytes()), 0);
   ASSERT_TRUE(out.recv_topk_idx && out.recv_topk_weights);
   EXPECT_EQ(
-      std::memcmp(out.recv_topk_idx->data_ptr(), ref.topk_idx.data(), ref.topk_idx.size() * 8), 0);
-  EXPECT_EQ(
-      std::memcmp(out.recv_topk_weights->data_ptr(), ref.weights.data(), ref.weights.size() * 4),
+      std::memcmp(out.recv_topk_idx->data_ptr(), ref.topk_idx.data_ptr(), ref.topk_idx.nbytes()),
       0);
+  EXPECT_EQ(std::memcmp(out.recv_topk_weights->data_ptr(), ref.topk_weights->data_ptr(),
+                        ref.topk_weights->nbytes()),
+            0);
   EXPECT_EQ(
-      std::memcmp(out.handle.recv_src_idx.data_ptr(), ref.src_idx.data(), ref.src_idx.size() * 4),
+      std::memcmp(out.handle.recv_src_idx.data_ptr(), ref.src_idx.data_ptr(), ref.src_idx.nbytes()),
       0);
   // Count equalities: rows = all-reduced num_tokens_per_rank[me]; the per-expert list = the
   // all-reduced per-expert counts; the prefix matrix's last row = the rows per rank.
@@ -73,14 +74,14 @@ TEST_P(EpTest, DispatchEqualsAlltoallvReferenceBitwise) {
                 MPI_COMM_WORLD);
   MPI_Allreduce(layout.num_tokens_per_expert.data_ptr(), all_expert.data(), E(), MPI_INT, MPI_SUM,
                 MPI_COMM_WORLD);
-  EXPECT_EQ(all_rank[me()], ref.n);
+  EXPECT_EQ(all_rank[me()], ref.x.size(0));
   const int El = E() / R();
   ASSERT_EQ(out.num_recv_tokens_per_expert_list.size(), static_cast<size_t>(El));
   for (int e = 0; e < El; ++e)
     EXPECT_EQ(out.num_recv_tokens_per_expert_list[e], all_expert[me() * El + e]);
   int64_t before = 0;
   for (int s = 0; s < R(); ++s) {
-    before += ref.recv_per_rank[s];
+    before += ref.rows_per_rank[s];
     EXPECT_EQ(out.handle.rank_prefix_matrix.at<int32_t>({s, me()}), before);
   }
   for (int r = 0; r < R(); ++r)
@@ -163,12 +164,12 @@ TEST_P(EpTest, Fp8DispatchCarriesScalesBitwise) {
   }
   const Tensor topk = random_topk(T, kTopk, E(), rng);
   const DispatchResult out = buffer->dispatch(gemm::Fp8Tensor{data, sf}, {.topk_idx = topk});
-  const RefDispatch ref = ref_dispatch(data, &sf, topk, nullptr, E());
-  ASSERT_EQ(out.recv_x.size(0), ref.n);
+  const ref::ep::Dispatch ref = ref_dispatch(data, &sf, topk, nullptr);
+  ASSERT_EQ(out.recv_x.size(0), ref.x.size(0));
   EXPECT_EQ(out.recv_x.dtype(), DType::e4m3);
-  EXPECT_EQ(std::memcmp(out.recv_x.data_ptr(), ref.x.data(), ref.x.size()), 0);
+  EXPECT_EQ(std::memcmp(out.recv_x.data_ptr(), ref.x.data_ptr(), ref.x.nbytes()), 0);
   ASSERT_TRUE(out.recv_x_sf.has_value());
-  EXPECT_EQ(std::memcmp(out.recv_x_sf->data_ptr(), ref.sf.data(), ref.sf.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(out.recv_x_sf->data_ptr(), ref.x_sf->data_ptr(), ref.x_sf->nbytes()), 0);
 }
 
 TEST_P(EpTest, WorstTokensKeepThePrefixAndMaskTheTail) {
@@ -314,6 +315,35 @@ TEST_P(EpTest, CombineFollowsTheUpstreamReductionOrder) {
   }
 }
 
+// dsk::ref::ep::combine (refs.py: the rows back by MPI_Alltoallv, each token summed in f32 from
+// its biases, each rank's row in the order of that rank's last slot) equals the combine bitwise,
+// for random expert outputs of a wide range in a tensor of their own and written over recv_x, with
+// one and two biases; the combined weights too.
+TEST_P(EpTest, CombineEqualsTheReferenceBitwise) {
+  auto buffer = make_buffer();
+  const auto [T, x, topk, w] = make_tokens(0.25);
+  const DispatchResult d = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
+  const ref::ep::Dispatch dispatched = ref_dispatch(x, nullptr, topk, &w);
+  for (const bool in_place : {false, true}) {
+    const Tensor y = random_wide_bf16(d.recv_x.size(0), kHidden, rng);
+    std::vector<Tensor> bias{random_wide_bf16(T, kHidden, rng)};
+    if (in_place) {
+      bias.push_back(random_wide_bf16(T, kHidden, rng));
+      std::memcpy(d.recv_x.data_ptr(), y.data_ptr(), y.nbytes());
+    }
+    const CombineResult c = buffer->combine(in_place ? d.recv_x : y, d.handle,
+                                            {.topk_weights = *d.recv_topk_weights, .bias = bias});
+    const ref::ep::Combine want = ref::ep::combine(comm(), y, dispatched, topk, bias, E());
+    EXPECT_EQ(std::memcmp(c.combined_x.data_ptr(), want.x.data_ptr(), want.x.nbytes()), 0)
+        << "in place " << in_place;
+    ASSERT_TRUE(c.combined_topk_weights && want.topk_weights);
+    EXPECT_EQ(std::memcmp(c.combined_topk_weights->data_ptr(), want.topk_weights->data_ptr(),
+                          want.topk_weights->nbytes()),
+              0)
+        << "in place " << in_place;
+  }
+}
+
 // Rows of 8 KB: on shared memory each exchange streams through several ring chunks with several in
 // flight, and the ring changes geometry between a dispatch and a combine (their records differ).
 // Twice, so the second round starts on a ring the first one left.
@@ -323,9 +353,9 @@ TEST_P(EpTest, WideRowsStreamThroughManyChunksInFlight) {
   for (int round = 0; round < 2; ++round) {
     const auto [T, x, topk, w] = make_tokens(0.1, kWide);
     const DispatchResult d = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
-    const RefDispatch ref = ref_dispatch(x, nullptr, topk, &w, E());
-    ASSERT_EQ(d.recv_x.size(0), ref.n);
-    ASSERT_EQ(std::memcmp(d.recv_x.data_ptr(), ref.x.data(), ref.x.size()), 0) << round;
+    const ref::ep::Dispatch ref = ref_dispatch(x, nullptr, topk, &w);
+    ASSERT_EQ(d.recv_x.size(0), ref.x.size(0));
+    ASSERT_EQ(std::memcmp(d.recv_x.data_ptr(), ref.x.data_ptr(), ref.x.nbytes()), 0) << round;
     const Tensor bias = random_bf16(T, kWide, rng);
     const CombineResult c = buffer->combine(answer_rows(d, kWide, me()), d.handle,
                                             {.topk_weights = *d.recv_topk_weights, .bias = {bias}});
@@ -372,13 +402,13 @@ TEST_P(EpTest, CombinesOfModelSizedRowsKeepTheUpstreamOrder) {
 TEST_P(EpTest, DispatchResultsOutliveEachOtherAndTheBuffer) {
   auto buffer = make_buffer();
   std::vector<DispatchResult> kept;
-  std::vector<RefDispatch> refs;
+  std::vector<ref::ep::Dispatch> refs;
   for (int i = 0; i < 4; ++i) {
     const auto [T, x, topk, w] = make_tokens();
     DispatchResult d = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
-    refs.push_back(ref_dispatch(x, nullptr, topk, &w, E()));
-    ASSERT_EQ(d.recv_x.size(0), refs.back().n);
-    ASSERT_EQ(std::memcmp(d.recv_x.data_ptr(), refs.back().x.data(), refs.back().x.size()), 0)
+    refs.push_back(ref_dispatch(x, nullptr, topk, &w));
+    ASSERT_EQ(d.recv_x.size(0), refs.back().x.size(0));
+    ASSERT_EQ(std::memcmp(d.recv_x.data_ptr(), refs.back().x.data_ptr(), refs.back().x.nbytes()), 0)
         << "dispatch " << i;
     const bool keep = i == 1 || i == 2 || (i == 0 && me() == 0);
     kept.push_back(keep ? d : DispatchResult{});
@@ -387,7 +417,7 @@ TEST_P(EpTest, DispatchResultsOutliveEachOtherAndTheBuffer) {
   buffer.reset();
   for (int i = 0; i < 4; ++i) {
     if (!kept[i].recv_x.defined()) continue;
-    EXPECT_EQ(std::memcmp(kept[i].recv_x.data_ptr(), refs[i].x.data(), refs[i].x.size()), 0)
+    EXPECT_EQ(std::memcmp(kept[i].recv_x.data_ptr(), refs[i].x.data_ptr(), refs[i].x.nbytes()), 0)
         << "dispatch " << i << " after the buffer is gone";
   }
 }
@@ -469,12 +499,12 @@ TEST_P(EpTest, RanksWithoutTokensAndFullyMaskedRounds) {
     const Tensor w = random_weights(T, kTopk, rng);
     SCOPED_TRACE(::testing::Message() << T << " tokens, all masked " << all_masked);
     const DispatchResult d = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
-    const RefDispatch ref = ref_dispatch(x, nullptr, topk, &w, E());
-    ASSERT_EQ(d.recv_x.size(0), ref.n);
+    const ref::ep::Dispatch ref = ref_dispatch(x, nullptr, topk, &w);
+    ASSERT_EQ(d.recv_x.size(0), ref.x.size(0));
     if (all_masked) {
-      EXPECT_EQ(ref.n, 0);
-    } else if (ref.n > 0) {
-      EXPECT_EQ(std::memcmp(d.recv_x.data_ptr(), ref.x.data(), ref.x.size()), 0);
+      EXPECT_EQ(ref.x.size(0), 0);
+    } else if (ref.x.size(0) > 0) {
+      EXPECT_EQ(std::memcmp(d.recv_x.data_ptr(), ref.x.data_ptr(), ref.x.nbytes()), 0);
     }
     const CombineResult c =
         buffer->combine(d.recv_x, d.handle, {.topk_weights = *d.recv_topk_weights});

@@ -18,6 +18,7 @@
 
 #include <dsk/core.hpp>
 #include <dsk/ep.hpp>
+#include <dsk/ref.hpp>
 
 #include "common/test_util.hpp"
 
@@ -45,6 +46,19 @@ inline Tensor random_bf16(int64_t rows, int64_t cols, std::mt19937_64& rng) {
   std::normal_distribution<float> d(0.0f, 1.0f);
   Tensor t = Tensor::empty({rows, cols}, DType::bf16);
   for (int64_t i = 0; i < t.numel(); ++i) t.data<bf16>()[i] = f32_to_bf16(d(rng) + 0.01f);
+  return t;
+}
+
+// Values +-m * 2^e, m in [1, 2), e in [-20, 20]: their f32 sums round, so summing in another order
+// shows in the bits (values of like magnitude add exactly).
+inline Tensor random_wide_bf16(int64_t rows, int64_t cols, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  Tensor t = Tensor::empty({rows, cols}, DType::bf16);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float m = mantissa(rng);
+    t.data<bf16>()[i] = f32_to_bf16(std::ldexp((rng() & 1) != 0 ? m : -m, exponent(rng)));
+  }
   return t;
 }
 
@@ -79,87 +93,6 @@ inline Tensor random_weights(int64_t T, int K, std::mt19937_64& rng) {
   Tensor w = Tensor::empty({T, K}, DType::f32);
   for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = d(rng);
   return w;
-}
-
-// The reference dispatch as refs.py writes it: per destination, the tokens that select one of its
-// experts, in token order, moved with MPI_Alltoallv.
-struct RefDispatch {
-  std::vector<std::byte> x;       // [N][row_bytes]
-  std::vector<float> sf;          // [N][H/128]
-  std::vector<int64_t> topk_idx;  // [N][K] local or -1
-  std::vector<float> weights;     // [N][K] (0 where not local)
-  std::vector<int32_t> src_idx;   // [N]
-  std::vector<int> recv_per_rank;
-  int64_t n = 0;
-};
-
-template <class T>
-std::vector<T> alltoallv(const std::vector<std::vector<T>>& send, const std::vector<int>& send_n,
-                         const std::vector<int>& recv_n, size_t per_row) {
-  const int R = static_cast<int>(send.size());
-  std::vector<int> sc(R), sd(R), rc(R), rd(R);
-  std::vector<T> flat;
-  int total = 0;
-  for (int r = 0; r < R; ++r) {
-    sc[r] = static_cast<int>(send_n[r] * per_row * sizeof(T));
-    sd[r] = static_cast<int>(flat.size() * sizeof(T));
-    flat.insert(flat.end(), send[r].begin(), send[r].end());
-    rc[r] = static_cast<int>(recv_n[r] * per_row * sizeof(T));
-    rd[r] = total;
-    total += rc[r];
-  }
-  std::vector<T> out(static_cast<size_t>(total) / sizeof(T));
-  MPI_Alltoallv(flat.data(), sc.data(), sd.data(), MPI_BYTE, out.data(), rc.data(), rd.data(),
-                MPI_BYTE, MPI_COMM_WORLD);
-  return out;
-}
-
-inline RefDispatch ref_dispatch(const Tensor& x, const Tensor* sf, const Tensor& topk,
-                                const Tensor* weights, int E) {
-  const int R = world_size(), me = world_rank(), El = E / R;
-  const int64_t T = x.size(0), K = topk.size(1);
-  const size_t row = static_cast<size_t>(x.size(1)) * x.element_size();  // also when T == 0
-  const int64_t nsf = sf ? sf->size(1) : 0;
-  std::vector<std::vector<std::byte>> sx(R);
-  std::vector<std::vector<float>> ssf(R), sw(R);
-  std::vector<std::vector<int64_t>> sidx(R);
-  std::vector<std::vector<int32_t>> ssrc(R);
-  std::vector<int> sn(R, 0), rn(R, 0);
-  for (int d = 0; d < R; ++d) {
-    for (int64_t t = 0; t < T; ++t) {
-      bool hit = false;
-      for (int k = 0; k < K; ++k) {
-        const int64_t e = topk.data<int64_t>()[t * K + k];
-        hit = hit || (e >= d * El && e < (d + 1) * El);
-      }
-      if (!hit) continue;
-      ++sn[d];
-      const auto* xr = static_cast<const std::byte*>(x.data_ptr()) + t * row;
-      sx[d].insert(sx[d].end(), xr, xr + row);
-      for (int64_t j = 0; j < nsf; ++j) ssf[d].push_back(sf->data<float>()[t * nsf + j]);
-      for (int k = 0; k < K; ++k) {
-        sidx[d].push_back(topk.data<int64_t>()[t * K + k]);
-        sw[d].push_back(weights ? weights->data<float>()[t * K + k] : 0.0f);
-      }
-      ssrc[d].push_back(static_cast<int32_t>(t));
-    }
-  }
-  MPI_Alltoall(sn.data(), 1, MPI_INT, rn.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  RefDispatch ref;
-  ref.recv_per_rank = rn;
-  ref.n = std::accumulate(rn.begin(), rn.end(), int64_t{0});
-  ref.x = alltoallv(sx, sn, rn, row);
-  ref.sf = alltoallv(ssf, sn, rn, static_cast<size_t>(nsf));
-  ref.topk_idx = alltoallv(sidx, sn, rn, static_cast<size_t>(K));
-  ref.weights = alltoallv(sw, sn, rn, static_cast<size_t>(K));
-  ref.src_idx = alltoallv(ssrc, sn, rn, 1);
-  for (size_t i = 0; i < ref.topk_idx.size(); ++i) {
-    int64_t& e = ref.topk_idx[i];
-    const bool local = e >= me * El && e < (me + 1) * El;
-    e = local ? e - me * El : -1;
-    if (!local) ref.weights[i] = 0.0f;
-  }
-  return ref;
 }
 
 // Deterministic combine input for (global source id, tag, channel): every rank can recompute
@@ -276,6 +209,12 @@ class EpTest : public ::testing::TestWithParam<Param> {
       c.num_bytes = static_cast<int64_t>(R()) * 8 * 1024 * (hidden / kHidden);
     }
     return c;
+  }
+  // dsk::ref::ep::dispatch of these tokens over the group (upstream's refs.py).
+  ref::ep::Dispatch ref_dispatch(const Tensor& x, const Tensor* sf, const Tensor& topk,
+                                 const Tensor* weights) const {
+    return ref::ep::dispatch(comm(), x, sf ? std::optional(*sf) : std::nullopt, topk,
+                             weights ? std::optional(*weights) : std::nullopt, E());
   }
   std::unique_ptr<Buffer> make_buffer(bool fp8 = false, int64_t hidden = kHidden) {
     return std::make_unique<Buffer>(comm(), config(fp8, hidden));

@@ -135,6 +135,8 @@ TEST(Cli, VerifyQuickPassesAndWritesJson) {
   ASSERT_FALSE(j["results"].empty());
   for (const auto& r : j["results"]) {
     expect_keys(r, {"module", "name", "shape", "metric", "value", "tolerance", "passed"});
+    // Cases this machine cannot run (ep outside mpirun) are listed as skipped, with the reason.
+    if (!r["skipped"].is_null()) continue;
     EXPECT_TRUE(r["passed"].get<bool>()) << r;
   }
 }
