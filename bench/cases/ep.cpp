@@ -33,6 +33,7 @@
 #include <dsk/core/timer.hpp>
 #include <dsk/ep.hpp>
 #include <dsk/ref.hpp>
+#include <dsk/tk.hpp>
 
 #include "bench/harness.hpp"
 
@@ -486,8 +487,8 @@ BenchCase low_latency_case(bool dispatch, ep::Transport transport) {
       }};
 }
 
-// ---- verify: dispatch and combine against dsk::ref::ep (upstream's refs.py over plain
-// MPI_Alltoallv), bitwise, on every transport ----
+// ---- verify: dispatch and combine, normal and low-latency, against dsk::ref::ep (upstream's
+// refs.py over plain MPI_Alltoallv), bitwise, on every transport ----
 
 // One rank's tokens for a verify case: fresh random rows, uneven counts per rank, distinct experts
 // per token with about one slot in ten masked to -1, random weights.
@@ -533,6 +534,14 @@ ep::Buffer verify_buffer(const VerifyTokens& v, ep::Transport transport, bool fp
                              .num_experts = v.E,
                              .use_fp8_dispatch = fp8,
                              .transport = transport});
+}
+
+// Why a verify case cannot run here: outside mpirun, or shared memory across hosts.
+std::string verify_unavailable(ep::Transport transport) {
+  std::string why = needs_mpirun();
+  if (why.empty() && transport == ep::Transport::shared_memory && !comm().single_host())
+    why = "the ranks are on several hosts";
+  return why;
 }
 
 // Every received field against the reference's: rows (and scales), local ids, weights, source
@@ -597,24 +606,96 @@ double verify_transfer(VerifyOp op, ep::Transport transport, bool quick) {
   return comm().allreduce_max(bad);
 }
 
+// ---- verify, low-latency mode: T = 128 - 5r tokens per rank at most (--quick 32 - 5r) ----
+
+enum class LowLatencyOp { dispatch_bf16, dispatch_fp8, combine };
+
+// The rows of expert e that a dispatch says are valid: [0, count[e]) of [E_local, R * Tmax, ...].
+double valid_row_mismatches(const Tensor& got, const Tensor& want, const Tensor& count) {
+  if (got.sizes() != want.sizes() || got.dtype() != want.dtype()) return 1e30;
+  double bad = 0;
+  for (int64_t e = 0; e < count.numel(); ++e) {
+    const int64_t n = std::min<int64_t>(count.data<int32_t>()[e], got.size(1));
+    bad += mismatches(got.select(0, e).slice(0, 0, n), want.select(0, e).slice(0, 0, n));
+  }
+  return bad;
+}
+
+double low_latency_dispatch_mismatches(const ep::LowLatencyDispatchResult& got,
+                                       const ref::ep::LowLatencyDispatch& want) {
+  double bad = mismatches(got.recv_count, want.count) +
+               mismatches(got.handle.src_info, want.src_info) +
+               mismatches(got.handle.layout_range, want.layout_range);
+  if (bad != 0) return bad;  // the rows below are read by the reference's counts
+  bad += valid_row_mismatches(got.recv_x, want.x, want.count);
+  if (want.x_sf)
+    bad += got.recv_x_sf ? valid_row_mismatches(*got.recv_x_sf, *want.x_sf, want.count) : 1e30;
+  return bad;
+}
+
+double verify_low_latency(LowLatencyOp op, ep::Transport transport, bool quick) {
+  VerifyTokens v = verify_tokens(quick);
+  const int64_t Tmax = quick ? 32 : 128;
+  const int64_t T = Tmax - (5 * comm().rank()) % (Tmax / 2);
+  v.x = v.x.slice(0, 0, T).contiguous();
+  v.topk = v.topk.slice(0, 0, T).contiguous();
+  v.weights = v.weights.slice(0, 0, T).contiguous();
+  ep::Buffer buffer(comm(), {.num_max_tokens_per_rank = Tmax,
+                             .hidden = kHidden,
+                             .num_topk = kTopk,
+                             .num_experts = v.E,
+                             .transport = transport});
+  const bool fp8 = op == LowLatencyOp::dispatch_fp8;
+  const ep::LowLatencyDispatchResult got =
+      buffer.low_latency_dispatch(v.x, v.topk, Tmax, v.E, {.use_fp8 = fp8});
+  if (fp8) {  // the rows the sender's cast gives
+    const tk::QuantTensor cast = ref::tk::per_token_cast(v.x, "e4m3", 128);
+    const ref::ep::LowLatencyDispatch want =
+        ref::ep::low_latency_dispatch(comm(), cast.data, cast.sf, v.topk, Tmax, v.E);
+    return comm().allreduce_max(low_latency_dispatch_mismatches(got, want));
+  }
+  const ref::ep::LowLatencyDispatch want =
+      ref::ep::low_latency_dispatch(comm(), v.x, std::nullopt, v.topk, Tmax, v.E);
+  const double bad = comm().allreduce_max(low_latency_dispatch_mismatches(got, want));
+  if (op == LowLatencyOp::dispatch_bf16 || bad != 0) return bad;
+  // The experts' outputs: wide-range values in the valid rows, NaN in the rest (never read).
+  Tensor y = Tensor::empty(want.x.sizes(), DType::bf16);
+  y.fill_bytes_(0xFF);
+  std::mt19937_64 rng = fresh_rng();
+  for (int64_t e = 0; e < y.size(0); ++e) {
+    const Tensor rows = wide_range_bf16(want.count.data<int32_t>()[e], rng);
+    std::memcpy(y.select(0, e).data_ptr(), rows.data_ptr(), rows.nbytes());
+  }
+  const ep::LowLatencyCombineResult c =
+      buffer.low_latency_combine(y, v.topk, v.weights, got.handle);
+  const Tensor expect = ref::ep::low_latency_combine(comm(), y, want, v.topk, v.weights, v.E);
+  return comm().allreduce_max(mismatches(c.combined_x, expect));
+}
+
+VerifyCase low_latency_verify(LowLatencyOp op, ep::Transport transport) {
+  const std::string name = op == LowLatencyOp::dispatch_bf16  ? "ep_ll_dispatch_bf16"
+                           : op == LowLatencyOp::dispatch_fp8 ? "ep_ll_dispatch_fp8"
+                                                              : "ep_ll_combine_bf16";
+  return {
+      .name = name + suffix(transport),
+      .shape = "T=128-5r(--quick 32-5r),H=7168,topk=8,E=256,10% -1",
+      .metric = "mismatches",
+      .tolerance = 0,
+      .unavailable = [transport] { return verify_unavailable(transport); },
+      .run = [=](const CaseContext& ctx) { return verify_low_latency(op, transport, ctx.quick); }};
+}
+
 VerifyCase transfer_verify(VerifyOp op, ep::Transport transport) {
   const std::string name = op == VerifyOp::dispatch_bf16  ? "ep_dispatch_bf16"
                            : op == VerifyOp::dispatch_fp8 ? "ep_dispatch_fp8"
                            : op == VerifyOp::combine      ? "ep_combine_bf16"
                                                           : "ep_combine_bf16_in_place";
-  return {
-      .name = name + suffix(transport),
-      .shape = "T=512-17r(--quick 128-17r),H=7168,topk=8,E=256,10% -1",
-      .metric = "mismatches",
-      .tolerance = 0,
-      .unavailable =
-          [transport] {
-            std::string why = needs_mpirun();
-            if (why.empty() && transport == ep::Transport::shared_memory && !comm().single_host())
-              why = "the ranks are on several hosts";
-            return why;
-          },
-      .run = [=](const CaseContext& ctx) { return verify_transfer(op, transport, ctx.quick); }};
+  return {.name = name + suffix(transport),
+          .shape = "T=512-17r(--quick 128-17r),H=7168,topk=8,E=256,10% -1",
+          .metric = "mismatches",
+          .tolerance = 0,
+          .unavailable = [transport] { return verify_unavailable(transport); },
+          .run = [=](const CaseContext& ctx) { return verify_transfer(op, transport, ctx.quick); }};
 }
 
 }  // namespace
@@ -643,6 +724,11 @@ void register_ep_cases(Registry& r) {
     for (VerifyOp op : {VerifyOp::dispatch_bf16, VerifyOp::dispatch_fp8, VerifyOp::combine,
                         VerifyOp::combine_in_place})
       r.add(transfer_verify(op, transport));
+  for (ep::Transport transport :
+       {ep::Transport::shared_memory, ep::Transport::mpi_alltoallv, ep::Transport::mpi_one_sided})
+    for (LowLatencyOp op :
+         {LowLatencyOp::dispatch_bf16, LowLatencyOp::dispatch_fp8, LowLatencyOp::combine})
+      r.add(low_latency_verify(op, transport));
 }
 
 }  // namespace dsk::bench

@@ -458,4 +458,27 @@ struct Combine {
 Combine combine(const dsk::ep::Communicator& comm, const Tensor& y, const Dispatch& dispatched,
                 const Tensor& topk_idx, const std::vector<Tensor>& bias, int num_experts);
 
+// low_latency_dispatch: one row per (token, top-k slot) whose expert is not -1, to the expert's
+// rank, where expert e's rows (local id e - rank * E / R) fill the masked layout
+// [E_local, R * Tmax, H] by source rank, then by token; rows past the count are 0.
+struct LowLatencyDispatch {
+  Tensor x;                    // [E_local, R * Tmax, H] in x's dtype
+  std::optional<Tensor> x_sf;  // f32 [E_local, R * Tmax, H / 128] when x_sf was given
+  Tensor count;                // i32 [E_local]
+  Tensor src_info;             // i32 [E_local, R * Tmax]: each row's token on its rank, else -1
+  Tensor layout_range;         // i64 [E_local, R]: (first row << 32) | rows from source rank s
+};
+
+// x [T, H] bf16, or e4m3 with x_sf f32 [T, H / 128] (the sender's cast); T <= Tmax on every rank.
+LowLatencyDispatch low_latency_dispatch(const dsk::ep::Communicator& comm, const Tensor& x,
+                                        const std::optional<Tensor>& x_sf, const Tensor& topk_idx,
+                                        int64_t num_max_dispatch_tokens_per_rank, int num_experts);
+
+// y bf16 [E_local, R * Tmax, H]: the experts' outputs in that layout. Each valid row goes back to
+// its token, whose result is bf16 of the sum from 0, over its slots in top-k order whose expert
+// is not -1, of f32(topk_weights[t][k]) * f32(row), each product rounded (no FMA).
+Tensor low_latency_combine(const dsk::ep::Communicator& comm, const Tensor& y,
+                           const LowLatencyDispatch& dispatched, const Tensor& topk_idx,
+                           const Tensor& topk_weights, int num_experts);
+
 }  // namespace dsk::ref::ep

@@ -1,5 +1,5 @@
-// dsk::ref::ep: upstream's refs.py dispatch and combine, each field moved by one plain
-// Communicator::alltoallv (contracts in include/dsk/ref.hpp).
+// dsk::ref::ep: upstream's refs.py dispatch and combine and the low-latency mode's, each field
+// moved by one plain Communicator::alltoallv (contracts in include/dsk/ref.hpp).
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -14,6 +14,8 @@ using dsk::ep::Communicator;
 
 constexpr const char* kDispatch = "dsk::ref::ep::dispatch";
 constexpr const char* kCombine = "dsk::ref::ep::combine";
+constexpr const char* kLowLatencyDispatch = "dsk::ref::ep::low_latency_dispatch";
+constexpr const char* kLowLatencyCombine = "dsk::ref::ep::low_latency_combine";
 
 int64_t expert_at(const Tensor& topk_idx, int64_t t, int64_t k) {
   return topk_idx.dtype() == DType::i32 ? topk_idx.at<int32_t>({t, k})
@@ -26,13 +28,15 @@ struct Routing {
   int R = 1, experts_per_rank = 1;
   std::vector<std::vector<int>> ranks;  // per token
 
-  Routing(const Tensor& topk_idx, int num_experts, int group_size)
+  Routing(const Tensor& topk_idx, int num_experts, int group_size, const char* fn)
       : R(group_size), experts_per_rank(num_experts / group_size) {
     const int64_t T = topk_idx.size(0), K = topk_idx.size(1);
     ranks.resize(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t k = 0; k < K; ++k) {
         const int64_t e = expert_at(topk_idx, t, k);
+        DSK_CHECK_ARG(e >= -1 && e < num_experts, fn, "topk_idx",
+                      "expert ids in [-1, " + std::to_string(num_experts) + ")", e);
         if (e < 0) continue;
         bool last = true;
         for (int64_t j = k + 1; j < K && last; ++j) {
@@ -110,7 +114,7 @@ Dispatch dispatch(const Communicator& comm, const Tensor& x, const std::optional
                   kDispatch, "topk_weights", "f32 [T, K]", topk_weights->describe());
   const Tensor rows = x.contiguous();
   const size_t row_bytes = static_cast<size_t>(H) * x.element_size();
-  const Routing routing(topk_idx, num_experts, R);
+  const Routing routing(topk_idx, num_experts, R, kDispatch);
   const int El = routing.experts_per_rank;
 
   std::vector<std::vector<std::byte>> sx(R);
@@ -165,11 +169,14 @@ Combine combine(const Communicator& comm, const Tensor& y, const Dispatch& dispa
   const int64_t T = topk_idx.size(0), H = y.size(1);
   check_topk(topk_idx, T, kCombine);
   const int64_t K = topk_idx.size(1);
+  DSK_CHECK_ARG(dispatched.rows_per_rank.size() == static_cast<size_t>(R), kCombine, "dispatched",
+                "the reference dispatch of this group of " + std::to_string(R) + " ranks",
+                dispatched.rows_per_rank.size());
   DSK_CHECK_ARG(bias.size() <= 2, kCombine, "bias", "0, 1 or 2 tensors", bias.size());
   for (const Tensor& b : bias)
     DSK_CHECK_ARG(b.dim() == 2 && b.size(0) == T && b.size(1) == H && b.dtype() == DType::bf16,
                   kCombine, "bias", "bf16 [T, H]", b.describe());
-  const Routing routing(topk_idx, num_experts, R);
+  const Routing routing(topk_idx, num_experts, R, kCombine);
 
   // Back to the sources: block s of the received rows (and weights) to rank s.
   const Tensor rows = y.contiguous();
@@ -217,6 +224,159 @@ Combine combine(const Communicator& comm, const Tensor& y, const Dispatch& dispa
           acc = acc + back_w[static_cast<size_t>((block[d] + row_of[d][t]) * K + k)];
         out.topk_weights->at<float>({t, k}) = acc;
       }
+    }
+  }
+  return out;
+}
+
+LowLatencyDispatch low_latency_dispatch(const Communicator& comm, const Tensor& x,
+                                        const std::optional<Tensor>& x_sf, const Tensor& topk_idx,
+                                        int64_t num_max_dispatch_tokens_per_rank, int num_experts) {
+  const int R = comm.size();
+  const int64_t Tmax = num_max_dispatch_tokens_per_rank;
+  DSK_CHECK_ARG(num_experts > 0 && num_experts % R == 0, kLowLatencyDispatch, "num_experts",
+                "a positive multiple of the group size " + std::to_string(R), num_experts);
+  DSK_CHECK_ARG(x.dim() == 2 && (x.dtype() == DType::bf16 || x.dtype() == DType::e4m3),
+                kLowLatencyDispatch, "x", "bf16 or e4m3 [T, H]", x.describe());
+  DSK_CHECK_ARG(x.dtype() == DType::bf16 || x_sf.has_value(), kLowLatencyDispatch, "x_sf",
+                "f32 [T, H / 128] with e4m3 x", "none");
+  const int64_t T = x.size(0), H = x.size(1);
+  DSK_CHECK_ARG(T <= Tmax, kLowLatencyDispatch, "num_max_dispatch_tokens_per_rank",
+                "at least the " + std::to_string(T) + " tokens of x", Tmax);
+  check_topk(topk_idx, T, kLowLatencyDispatch);
+  const int64_t K = topk_idx.size(1);
+  const int64_t nsf = x_sf ? x_sf->size(1) : 0;
+  if (x_sf)
+    DSK_CHECK_ARG(x_sf->dim() == 2 && x_sf->size(0) == T && x_sf->dtype() == DType::f32,
+                  kLowLatencyDispatch, "x_sf", "f32 [T, H / 128]", x_sf->describe());
+  const Routing routing(topk_idx, num_experts, R, kLowLatencyDispatch);  // checks the ids
+  const int El = routing.experts_per_rank;
+  const Tensor rows = x.contiguous();
+  const size_t row_bytes = static_cast<size_t>(H) * x.element_size();
+
+  // Per destination: (local expert, token) of each message, expert by expert, tokens in order.
+  std::vector<std::vector<int64_t>> smeta(R);
+  std::vector<std::vector<std::byte>> sx(R);
+  std::vector<std::vector<float>> ssf(R);
+  std::vector<int64_t> to(R, 0), from(R, 0);
+  for (int d = 0; d < R; ++d) {
+    for (int el = 0; el < El; ++el) {
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t k = 0; k < K; ++k) {
+          if (expert_at(topk_idx, t, k) != int64_t{d} * El + el) continue;
+          ++to[d];
+          smeta[d].insert(smeta[d].end(), {el, t});
+          const auto* row = static_cast<const std::byte*>(rows.data_ptr()) + t * row_bytes;
+          sx[d].insert(sx[d].end(), row, row + row_bytes);
+          for (int64_t j = 0; j < nsf; ++j) ssf[d].push_back(x_sf->at<float>({t, j}));
+        }
+      }
+    }
+  }
+  comm.alltoallv(to.data(), std::vector<int64_t>(R, 8), from.data(), std::vector<int64_t>(R, 8));
+  const std::vector<int64_t> meta = exchange(comm, smeta, to, from, 2);
+  const std::vector<std::byte> got = exchange(comm, sx, to, from, row_bytes);
+  const std::vector<float> got_sf = exchange(comm, ssf, to, from, static_cast<size_t>(nsf));
+
+  LowLatencyDispatch out;
+  const int64_t RT = R * Tmax;
+  out.x = Tensor::zeros({El, RT, H}, x.dtype());
+  if (x_sf) out.x_sf = Tensor::zeros({El, RT, nsf}, DType::f32);
+  out.count = Tensor::zeros({El}, DType::i32);
+  out.src_info = Tensor::empty({El, RT}, DType::i32);
+  std::fill_n(out.src_info.data<int32_t>(), El * RT, -1);
+  out.layout_range = Tensor::zeros({El, R}, DType::i64);
+  int64_t record = 0;
+  for (int s = 0; s < R; ++s) {
+    for (int64_t i = 0; i < from[s]; ++i, ++record) {
+      const int64_t el = meta[2 * record], t = meta[2 * record + 1];
+      int32_t& n = out.count.data<int32_t>()[el];
+      DSK_CHECK(n < RT, kLowLatencyDispatch,
+                "more than R * Tmax rows for local expert " + std::to_string(el) +
+                    " (a token that selects one expert twice)");
+      std::memcpy(static_cast<std::byte*>(out.x.data_ptr()) + (el * RT + n) * row_bytes,
+                  got.data() + record * row_bytes, row_bytes);
+      if (x_sf)
+        std::memcpy(&out.x_sf->at<float>({el, n, 0}), got_sf.data() + record * nsf,
+                    static_cast<size_t>(nsf) * sizeof(float));
+      out.src_info.at<int32_t>({el, n}) = static_cast<int32_t>(t);
+      ++out.layout_range.at<int64_t>({el, s});  // the count; the first rows are added below
+      ++n;
+    }
+  }
+  for (int64_t el = 0; el < El; ++el) {
+    int64_t first = 0;
+    for (int s = 0; s < R; ++s) {
+      int64_t& range = out.layout_range.at<int64_t>({el, s});
+      const int64_t n = range;
+      range = (first << 32) | n;
+      first += n;
+    }
+  }
+  return out;
+}
+
+Tensor low_latency_combine(const Communicator& comm, const Tensor& y,
+                           const LowLatencyDispatch& dispatched, const Tensor& topk_idx,
+                           const Tensor& topk_weights, int num_experts) {
+  const int R = comm.size(), me = comm.rank();
+  DSK_CHECK_ARG(num_experts > 0 && num_experts % R == 0, kLowLatencyCombine, "num_experts",
+                "a positive multiple of the group size " + std::to_string(R), num_experts);
+  DSK_CHECK_ARG(y.dtype() == DType::bf16 && y.sizes() == dispatched.x.sizes(), kLowLatencyCombine,
+                "y", "bf16 of the dispatch's shape " + dispatched.x.describe(), y.describe());
+  const int64_t T = topk_idx.size(0), El = y.size(0), RT = y.size(1), H = y.size(2);
+  check_topk(topk_idx, T, kLowLatencyCombine);
+  const int64_t K = topk_idx.size(1);
+  DSK_CHECK_ARG(topk_weights.dim() == 2 && topk_weights.size(0) == T && topk_weights.size(1) == K &&
+                    topk_weights.dtype() == DType::f32,
+                kLowLatencyCombine, "topk_weights", "f32 [T, K]", topk_weights.describe());
+  const Routing routing(topk_idx, num_experts, R, kLowLatencyCombine);  // checks the ids
+
+  // Back to the sources: (global expert, token) and the row of every valid row.
+  const Tensor rows = y.contiguous();
+  std::vector<std::vector<int64_t>> smeta(R);
+  std::vector<std::vector<bf16>> sy(R);
+  std::vector<int64_t> to(R, 0), from(R, 0);
+  for (int64_t el = 0; el < El; ++el) {
+    for (int s = 0; s < R; ++s) {
+      const int64_t range = dispatched.layout_range.at<int64_t>({el, s});
+      const int64_t first = range >> 32, n = range & 0xFFFFFFFF;
+      for (int64_t i = first; i < first + n; ++i) {
+        ++to[s];
+        smeta[s].insert(smeta[s].end(),
+                        {int64_t{me} * El + el, dispatched.src_info.at<int32_t>({el, i})});
+        const bf16* row = rows.data<bf16>() + (el * RT + i) * H;
+        sy[s].insert(sy[s].end(), row, row + H);
+      }
+    }
+  }
+  comm.alltoallv(to.data(), std::vector<int64_t>(R, 8), from.data(), std::vector<int64_t>(R, 8));
+  const std::vector<int64_t> meta = exchange(comm, smeta, to, from, 2);
+  const std::vector<bf16> back = exchange(comm, sy, to, from, static_cast<size_t>(H));
+
+  // Each token's returned rows by global expert.
+  std::vector<std::vector<std::pair<int64_t, const bf16*>>> returned(static_cast<size_t>(T));
+  for (size_t r = 0; r < meta.size() / 2; ++r)
+    returned[static_cast<size_t>(meta[2 * r + 1])].emplace_back(meta[2 * r], back.data() + r * H);
+  Tensor out = Tensor::empty({T, H}, DType::bf16);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<const bf16*> slot_rows(static_cast<size_t>(K), nullptr);
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t e = expert_at(topk_idx, t, k);
+      if (e < 0) continue;
+      for (const auto& [expert, row] : returned[t])
+        if (expert == e) slot_rows[k] = row;
+      DSK_CHECK(slot_rows[k] != nullptr, kLowLatencyCombine,
+                "token " + std::to_string(t) + " got no row back from expert " + std::to_string(e));
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) {
+        if (slot_rows[k] == nullptr) continue;
+        const float product = topk_weights.at<float>({t, k}) * bf16_to_f32(slot_rows[k][h]);
+        acc = acc + product;
+      }
+      out.at<bf16>({t, h}) = f32_to_bf16(acc);
     }
   }
   return out;

@@ -344,6 +344,22 @@ TEST_P(EpTest, CombineEqualsTheReferenceBitwise) {
   }
 }
 
+// The reference checks its arguments before any exchange (every rank passes the same bad input,
+// so none waits for the others): an expert id past E, E not a multiple of the ranks, expert
+// outputs with one row too many.
+TEST_P(EpTest, ReferenceRaisesOnBadInputs) {
+  if (GetParam().transport != Transport::shared_memory || GetParam().small_buffer)
+    GTEST_SKIP() << "the reference does not depend on the transport";
+  const auto [T, x, topk, w] = make_tokens();
+  Tensor past_e = topk.clone();
+  past_e.data<int64_t>()[0] = E();
+  EXPECT_THROW(ref::ep::dispatch(comm(), x, std::nullopt, past_e, w, E()), Error);
+  EXPECT_THROW(ref::ep::dispatch(comm(), x, std::nullopt, topk, w, E() + 1), Error);
+  const ref::ep::Dispatch d = ref_dispatch(x, nullptr, topk, &w);
+  const Tensor extra_row = random_bf16(d.x.size(0) + 1, kHidden, rng);
+  EXPECT_THROW(ref::ep::combine(comm(), extra_row, d, topk, {}, E()), Error);
+}
+
 // Rows of 8 KB: on shared memory each exchange streams through several ring chunks with several in
 // flight, and the ring changes geometry between a dispatch and a combine (their records differ).
 // Twice, so the second round starts on a ring the first one left.

@@ -237,6 +237,39 @@ TEST_P(EpTest, LowLatencyCombineIsTheWeightedSumInTopkOrder) {
   expect_identity_combine(out, tk, El());
 }
 
+// dsk::ref::ep's low-latency dispatch and combine (the reference `dsk verify ep` uses) equal the
+// library's bitwise: counts, source positions, layout ranges and the valid rows; the combine of
+// wide-range expert outputs (so the order of the sum shows), NaN in the rows past the counts.
+TEST_P(EpTest, LowLatencyEqualsTheSharedReference) {
+  auto buffer = make_buffer();
+  const Tokens tk = make_tokens(0.2);
+  const LowLatencyDispatchResult d =
+      buffer->low_latency_dispatch(tk.x, tk.topk, kTmax, E(), {.use_fp8 = false});
+  const ref::ep::LowLatencyDispatch want =
+      ref::ep::low_latency_dispatch(comm(), tk.x, std::nullopt, tk.topk, kTmax, E());
+  ASSERT_EQ(std::memcmp(d.recv_count.data_ptr(), want.count.data_ptr(), want.count.nbytes()), 0);
+  ASSERT_EQ(
+      std::memcmp(d.handle.src_info.data_ptr(), want.src_info.data_ptr(), want.src_info.nbytes()),
+      0);
+  ASSERT_EQ(std::memcmp(d.handle.layout_range.data_ptr(), want.layout_range.data_ptr(),
+                        want.layout_range.nbytes()),
+            0);
+  Tensor y = Tensor::empty(want.x.sizes(), DType::bf16);
+  y.fill_bytes_(0xFF);
+  for (int e = 0; e < El(); ++e) {
+    const int64_t n = want.count.data<int32_t>()[e];
+    ASSERT_EQ(std::memcmp(d.recv_x.select(0, e).data_ptr(), want.x.select(0, e).data_ptr(),
+                          static_cast<size_t>(n * kHidden * 2)),
+              0)
+        << "expert " << e;
+    const Tensor rows = random_wide_bf16(n, kHidden, rng);
+    std::memcpy(y.select(0, e).data_ptr(), rows.data_ptr(), rows.nbytes());
+  }
+  const LowLatencyCombineResult c = buffer->low_latency_combine(y, tk.topk, tk.weights, d.handle);
+  const Tensor expect = ref::ep::low_latency_combine(comm(), y, want, tk.topk, tk.weights, E());
+  EXPECT_EQ(std::memcmp(c.combined_x.data_ptr(), expect.data_ptr(), expect.nbytes()), 0);
+}
+
 // Every token's 8 slots on one rank, through slots of a few rows: more of a token's rows than the
 // owner can hold where they land, so it stages them; identity experts give x * sum(w) bitwise.
 TEST_P(EpTest, LowLatencyCombineOfTokensWhoseSlotsCrowdOneRank) {
