@@ -22,14 +22,14 @@ int64_t expert_at(const Tensor& topk_idx, int64_t t, int64_t k) {
                                         : topk_idx.at<int64_t>({t, k});
 }
 
-// The routing of this rank's tokens: rank_of(e) for an expert, and the ranks token t visits in
-// the order of their last top-k slot.
+// The routing of this rank's tokens (expert e lives on rank e / experts_per_rank): the ranks each
+// token visits, in the order of their last top-k slot. Raises on an id outside [-1, E).
 struct Routing {
-  int R = 1, experts_per_rank = 1;
+  int experts_per_rank = 1;
   std::vector<std::vector<int>> ranks;  // per token
 
   Routing(const Tensor& topk_idx, int num_experts, int group_size, const char* fn)
-      : R(group_size), experts_per_rank(num_experts / group_size) {
+      : experts_per_rank(num_experts / group_size) {
     const int64_t T = topk_idx.size(0), K = topk_idx.size(1);
     ranks.resize(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {
@@ -72,6 +72,14 @@ std::vector<T> exchange(const Communicator& comm, const std::vector<std::vector<
   std::vector<T> recv(static_cast<size_t>(received));
   comm.alltoallv(send.data(), send_bytes, recv.data(), recv_bytes);
   return recv;
+}
+
+// The rows each rank sends this one, from the rows this one sends each rank.
+std::vector<int64_t> counts_from(const Communicator& comm, const std::vector<int64_t>& to) {
+  const std::vector<int64_t> eight(static_cast<size_t>(comm.size()), sizeof(int64_t));
+  std::vector<int64_t> from(to.size(), 0);
+  comm.alltoallv(to.data(), eight, from.data(), eight);
+  return from;
 }
 
 // A tensor of `values` (already of shape `shape`).
@@ -121,7 +129,7 @@ Dispatch dispatch(const Communicator& comm, const Tensor& x, const std::optional
   std::vector<std::vector<float>> ssf(R), sw(R);
   std::vector<std::vector<int64_t>> sidx(R);
   std::vector<std::vector<int32_t>> ssrc(R);
-  std::vector<int64_t> to(R, 0), from(R, 0);
+  std::vector<int64_t> to(R, 0);
   for (int d = 0; d < R; ++d) {
     for (int64_t t = 0; t < T; ++t) {
       if (!routing.visits(t, d)) continue;
@@ -136,7 +144,7 @@ Dispatch dispatch(const Communicator& comm, const Tensor& x, const std::optional
       ssrc[d].push_back(static_cast<int32_t>(t));
     }
   }
-  comm.alltoallv(to.data(), std::vector<int64_t>(R, 8), from.data(), std::vector<int64_t>(R, 8));
+  const std::vector<int64_t> from = counts_from(comm, to);
   const int64_t N = std::accumulate(from.begin(), from.end(), int64_t{0});
 
   Dispatch out;
@@ -258,7 +266,7 @@ LowLatencyDispatch low_latency_dispatch(const Communicator& comm, const Tensor& 
   std::vector<std::vector<int64_t>> smeta(R);
   std::vector<std::vector<std::byte>> sx(R);
   std::vector<std::vector<float>> ssf(R);
-  std::vector<int64_t> to(R, 0), from(R, 0);
+  std::vector<int64_t> to(R, 0);
   for (int d = 0; d < R; ++d) {
     for (int el = 0; el < El; ++el) {
       for (int64_t t = 0; t < T; ++t) {
@@ -273,7 +281,7 @@ LowLatencyDispatch low_latency_dispatch(const Communicator& comm, const Tensor& 
       }
     }
   }
-  comm.alltoallv(to.data(), std::vector<int64_t>(R, 8), from.data(), std::vector<int64_t>(R, 8));
+  const std::vector<int64_t> from = counts_from(comm, to);
   const std::vector<int64_t> meta = exchange(comm, smeta, to, from, 2);
   const std::vector<std::byte> got = exchange(comm, sx, to, from, row_bytes);
   const std::vector<float> got_sf = exchange(comm, ssf, to, from, static_cast<size_t>(nsf));
@@ -336,7 +344,7 @@ Tensor low_latency_combine(const Communicator& comm, const Tensor& y,
   const Tensor rows = y.contiguous();
   std::vector<std::vector<int64_t>> smeta(R);
   std::vector<std::vector<bf16>> sy(R);
-  std::vector<int64_t> to(R, 0), from(R, 0);
+  std::vector<int64_t> to(R, 0);
   for (int64_t el = 0; el < El; ++el) {
     for (int s = 0; s < R; ++s) {
       const int64_t range = dispatched.layout_range.at<int64_t>({el, s});
@@ -350,7 +358,7 @@ Tensor low_latency_combine(const Communicator& comm, const Tensor& y,
       }
     }
   }
-  comm.alltoallv(to.data(), std::vector<int64_t>(R, 8), from.data(), std::vector<int64_t>(R, 8));
+  const std::vector<int64_t> from = counts_from(comm, to);
   const std::vector<int64_t> meta = exchange(comm, smeta, to, from, 2);
   const std::vector<bf16> back = exchange(comm, sy, to, from, static_cast<size_t>(H));
 
