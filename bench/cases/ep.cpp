@@ -490,19 +490,20 @@ BenchCase low_latency_case(bool dispatch, ep::Transport transport) {
 // ---- verify: dispatch and combine, normal and low-latency, against dsk::ref::ep (upstream's
 // refs.py over plain MPI_Alltoallv), bitwise, on every transport ----
 
-// One rank's tokens for a verify case: fresh random rows, uneven counts per rank, distinct experts
-// per token with about one slot in ten masked to -1, random weights.
+// One rank's tokens for a verify case: fresh random rows, Tmax less `fewer` per rank before it
+// (uneven counts), distinct experts per token with about one slot in ten masked to -1, random
+// weights.
 struct VerifyTokens {
   int64_t Tmax = 0;
   int E = 0;
   Tensor x, topk, weights;
 };
 
-VerifyTokens verify_tokens(bool quick) {
+VerifyTokens verify_tokens(int64_t Tmax, int64_t fewer) {
   VerifyTokens v;
-  v.Tmax = quick ? 128 : 512;
+  v.Tmax = Tmax;
   v.E = kExperts - kExperts % comm().size();
-  const int64_t T = v.Tmax - (17 * comm().rank()) % (v.Tmax / 2);
+  const int64_t T = Tmax - (fewer * comm().rank()) % (Tmax / 2);
   std::mt19937_64 rng = fresh_rng();
   v.x = ref::randn({T, kHidden}, DType::bf16, rng());
   uniform_routing(T, v.E, rng(), v.topk, v.weights);
@@ -512,19 +513,6 @@ VerifyTokens verify_tokens(bool quick) {
     v.weights.data<float>()[i] = 0.1f + u(rng);
   }
   return v;
-}
-
-// Values +-m * 2^e, m in [1, 2), e in [-20, 20]: their f32 sums round, so a combine that adds
-// in another order than the reference's shows in the bits (values of like magnitude add exactly).
-Tensor wide_range_bf16(int64_t rows, std::mt19937_64& rng) {
-  Tensor t = Tensor::empty({rows, kHidden}, DType::bf16);
-  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
-  std::uniform_int_distribution<int> exponent(-20, 20);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const float m = mantissa(rng);
-    t.data<bf16>()[i] = f32_to_bf16(std::ldexp((rng() & 1) != 0 ? m : -m, exponent(rng)));
-  }
-  return t;
 }
 
 ep::Buffer verify_buffer(const VerifyTokens& v, ep::Transport transport, bool fp8) {
@@ -564,7 +552,7 @@ enum class VerifyOp { dispatch_bf16, dispatch_fp8, combine, combine_in_place };
 
 // The largest count over the ranks, so that every rank reports (and prints) the same.
 double verify_transfer(VerifyOp op, ep::Transport transport, bool quick) {
-  const VerifyTokens v = verify_tokens(quick);
+  const VerifyTokens v = verify_tokens(quick ? 128 : 512, 17);
   const bool fp8 = op == VerifyOp::dispatch_fp8;
   ep::Buffer buffer = verify_buffer(v, transport, fp8);
   std::mt19937_64 rng = fresh_rng();
@@ -588,11 +576,11 @@ double verify_transfer(VerifyOp op, ep::Transport transport, bool quick) {
   // The experts' outputs: fresh rows of a wide range, in a tensor of their own or written over
   // recv_x (whose rows the transports may read where they are); one bias (the shared expert), or
   // two (the residual).
-  const Tensor y = wide_range_bf16(want.x.size(0), rng);
-  std::vector<Tensor> bias{wide_range_bf16(v.x.size(0), rng)};
+  const Tensor y = ref::rand_wide({want.x.size(0), kHidden}, DType::bf16, rng());
+  std::vector<Tensor> bias{ref::rand_wide({v.x.size(0), kHidden}, DType::bf16, rng())};
   Tensor experts_out = y;
   if (op == VerifyOp::combine_in_place) {
-    bias.push_back(wide_range_bf16(v.x.size(0), rng));
+    bias.push_back(ref::rand_wide({v.x.size(0), kHidden}, DType::bf16, rng()));
     if (got.recv_x.sizes() == y.sizes())
       std::memcpy(got.recv_x.data_ptr(), y.data_ptr(), y.nbytes());
     experts_out = got.recv_x;
@@ -634,17 +622,9 @@ double low_latency_dispatch_mismatches(const ep::LowLatencyDispatchResult& got,
 }
 
 double verify_low_latency(LowLatencyOp op, ep::Transport transport, bool quick) {
-  VerifyTokens v = verify_tokens(quick);
-  const int64_t Tmax = quick ? 32 : 128;
-  const int64_t T = Tmax - (5 * comm().rank()) % (Tmax / 2);
-  v.x = v.x.slice(0, 0, T).contiguous();
-  v.topk = v.topk.slice(0, 0, T).contiguous();
-  v.weights = v.weights.slice(0, 0, T).contiguous();
-  ep::Buffer buffer(comm(), {.num_max_tokens_per_rank = Tmax,
-                             .hidden = kHidden,
-                             .num_topk = kTopk,
-                             .num_experts = v.E,
-                             .transport = transport});
+  const VerifyTokens v = verify_tokens(quick ? 32 : 128, 5);
+  const int64_t Tmax = v.Tmax;
+  ep::Buffer buffer = verify_buffer(v, transport, false);
   const bool fp8 = op == LowLatencyOp::dispatch_fp8;
   const ep::LowLatencyDispatchResult got =
       buffer.low_latency_dispatch(v.x, v.topk, Tmax, v.E, {.use_fp8 = fp8});
@@ -663,7 +643,8 @@ double verify_low_latency(LowLatencyOp op, ep::Transport transport, bool quick) 
   y.fill_bytes_(0xFF);
   std::mt19937_64 rng = fresh_rng();
   for (int64_t e = 0; e < y.size(0); ++e) {
-    const Tensor rows = wide_range_bf16(want.count.data<int32_t>()[e], rng);
+    const Tensor rows =
+        ref::rand_wide({want.count.data<int32_t>()[e], kHidden}, DType::bf16, rng());
     std::memcpy(y.select(0, e).data_ptr(), rows.data_ptr(), rows.nbytes());
   }
   const ep::LowLatencyCombineResult c =

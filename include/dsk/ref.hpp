@@ -122,6 +122,10 @@ Tensor randn(const Shape& shape, DType dtype, uint64_t seed, float mean = 0.0f, 
 // Uniform in [lo, hi) for the same dtypes (hi itself can appear after the bf16 rounding).
 Tensor rand_uniform(const Shape& shape, DType dtype, uint64_t seed, float lo = 0.0f,
                     float hi = 1.0f);
+// +-m * 2^e with m uniform in [1, 2), e uniform in [-max_exponent, max_exponent] and either sign,
+// for the same dtypes: sums of a few of these round in f32, so an order of summation shows in the
+// bits (values of like magnitude, as randn draws them, mostly add exactly).
+Tensor rand_wide(const Shape& shape, DType dtype, uint64_t seed, int max_exponent = 20);
 // Uniform integers in [lo, hi) for integer dtypes (i8, u8, i16, i32, i64, bool) and f32/f64.
 Tensor randint(const Shape& shape, DType dtype, uint64_t seed, int64_t lo, int64_t hi);
 

@@ -115,6 +115,19 @@ Tensor rand_uniform(const Shape& shape, DType dtype, uint64_t seed, float lo, fl
   return generate_floats("dsk::ref::rand_uniform", shape, dtype, value_of);
 }
 
+Tensor rand_wide(const Shape& shape, DType dtype, uint64_t seed, int max_exponent) {
+  DSK_CHECK_ARG(max_exponent >= 0 && max_exponent <= 100, "dsk::ref::rand_wide", "max_exponent",
+                "0 to 100", max_exponent);
+  auto value_of = [=](uint64_t i) {
+    const uint64_t bits = random_u64(seed, i);
+    const auto m = static_cast<float>(1.0 + static_cast<double>(bits >> 40) * 0x1.0p-24);
+    const int e =
+        static_cast<int>((bits >> 8) % static_cast<uint64_t>(2 * max_exponent + 1)) - max_exponent;
+    return std::ldexp((bits & 1) != 0 ? -m : m, e);
+  };
+  return generate_floats("dsk::ref::rand_wide", shape, dtype, value_of);
+}
+
 Tensor randint(const Shape& shape, DType dtype, uint64_t seed, int64_t lo, int64_t hi) {
   constexpr const char* kFn = "dsk::ref::randint";
   DSK_CHECK_ARG(lo < hi, kFn, "hi", fmt::format("hi > lo ({})", lo), hi);

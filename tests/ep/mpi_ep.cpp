@@ -325,10 +325,10 @@ TEST_P(EpTest, CombineEqualsTheReferenceBitwise) {
   const DispatchResult d = buffer->dispatch(x, {.topk_idx = topk, .topk_weights = w});
   const ref::ep::Dispatch dispatched = ref_dispatch(x, nullptr, topk, &w);
   for (const bool in_place : {false, true}) {
-    const Tensor y = random_wide_bf16(d.recv_x.size(0), kHidden, rng);
-    std::vector<Tensor> bias{random_wide_bf16(T, kHidden, rng)};
+    const Tensor y = ref::rand_wide({d.recv_x.size(0), kHidden}, DType::bf16, rng());
+    std::vector<Tensor> bias{ref::rand_wide({T, kHidden}, DType::bf16, rng())};
     if (in_place) {
-      bias.push_back(random_wide_bf16(T, kHidden, rng));
+      bias.push_back(ref::rand_wide({T, kHidden}, DType::bf16, rng()));
       std::memcpy(d.recv_x.data_ptr(), y.data_ptr(), y.nbytes());
     }
     const CombineResult c = buffer->combine(in_place ? d.recv_x : y, d.handle,
@@ -346,18 +346,23 @@ TEST_P(EpTest, CombineEqualsTheReferenceBitwise) {
 
 // The reference checks its arguments before any exchange (every rank passes the same bad input,
 // so none waits for the others): an expert id past E, E not a multiple of the ranks, expert
-// outputs with one row too many.
-TEST_P(EpTest, ReferenceRaisesOnBadInputs) {
-  if (GetParam().transport != Transport::shared_memory || GetParam().small_buffer)
-    GTEST_SKIP() << "the reference does not depend on the transport";
-  const auto [T, x, topk, w] = make_tokens();
+// outputs with one row too many. It does not depend on a transport, hence no EpTest.
+TEST(EpReference, RaisesOnBadInputsBeforeAnyExchange) {
+  const Communicator comm = Communicator::world();
+  const int E = 4 * comm.size();
+  std::mt19937_64 rng = rank_rng();
+  const int64_t T = 16;
+  const Tensor x = random_bf16(T, kHidden, rng);
+  const Tensor topk = random_topk(T, kTopk, E, rng);
+  const Tensor w = random_weights(T, kTopk, rng);
   Tensor past_e = topk.clone();
-  past_e.data<int64_t>()[0] = E();
-  EXPECT_THROW(ref::ep::dispatch(comm(), x, std::nullopt, past_e, w, E()), Error);
-  EXPECT_THROW(ref::ep::dispatch(comm(), x, std::nullopt, topk, w, E() + 1), Error);
-  const ref::ep::Dispatch d = ref_dispatch(x, nullptr, topk, &w);
+  past_e.data<int64_t>()[0] = E;
+  EXPECT_THROW(ref::ep::dispatch(comm, x, std::nullopt, past_e, w, E), Error);
+  EXPECT_THROW(ref::ep::dispatch(comm, x, std::nullopt, topk, w, E + 1), Error);
+  EXPECT_THROW(ref::ep::low_latency_dispatch(comm, x, std::nullopt, past_e, T, E), Error);
+  const ref::ep::Dispatch d = ref::ep::dispatch(comm, x, std::nullopt, topk, w, E);
   const Tensor extra_row = random_bf16(d.x.size(0) + 1, kHidden, rng);
-  EXPECT_THROW(ref::ep::combine(comm(), extra_row, d, topk, {}, E()), Error);
+  EXPECT_THROW(ref::ep::combine(comm, extra_row, d, topk, {}, E), Error);
 }
 
 // Rows of 8 KB: on shared memory each exchange streams through several ring chunks with several in

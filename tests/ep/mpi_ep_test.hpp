@@ -49,19 +49,6 @@ inline Tensor random_bf16(int64_t rows, int64_t cols, std::mt19937_64& rng) {
   return t;
 }
 
-// Values +-m * 2^e, m in [1, 2), e in [-20, 20]: their f32 sums round, so summing in another order
-// shows in the bits (values of like magnitude add exactly).
-inline Tensor random_wide_bf16(int64_t rows, int64_t cols, std::mt19937_64& rng) {
-  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
-  std::uniform_int_distribution<int> exponent(-20, 20);
-  Tensor t = Tensor::empty({rows, cols}, DType::bf16);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const float m = mantissa(rng);
-    t.data<bf16>()[i] = f32_to_bf16(std::ldexp((rng() & 1) != 0 ? m : -m, exponent(rng)));
-  }
-  return t;
-}
-
 // Distinct experts per token, about one slot in ten masked to -1.
 inline Tensor random_topk(int64_t T, int K, int E, std::mt19937_64& rng, double masked = 0.1) {
   Tensor idx = Tensor::empty({T, K}, DType::i64);

@@ -262,7 +262,7 @@ TEST_P(EpTest, LowLatencyEqualsTheSharedReference) {
                           static_cast<size_t>(n * kHidden * 2)),
               0)
         << "expert " << e;
-    const Tensor rows = random_wide_bf16(n, kHidden, rng);
+    const Tensor rows = ref::rand_wide({n, kHidden}, DType::bf16, rng());
     std::memcpy(y.select(0, e).data_ptr(), rows.data_ptr(), rows.nbytes());
   }
   const LowLatencyCombineResult c = buffer->low_latency_combine(y, tk.topk, tk.weights, d.handle);

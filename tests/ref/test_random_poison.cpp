@@ -90,6 +90,25 @@ TEST(Random, UniformAndIntegerRanges) {
   for (int64_t i = 0; i < 100; ++i) ASSERT_LE(b.data<bool>()[i], 1);
 }
 
+// Every exponent of the range appears, with both signs, and nothing outside it (bf16 rounds a
+// mantissa near 2 up to the next power).
+TEST(Random, WideValuesSpanTheirExponents) {
+  Tensor w = rand_wide({1 << 16}, DType::bf16, 5, 20);
+  int per_exponent[42] = {}, negative = 0;
+  for (int64_t i = 0; i < w.numel(); ++i) {
+    const float v = bf16_to_f32(w.data<bf16>()[i]);
+    int e = 0;
+    std::frexp(v, &e);  // |v| in [2^(e-1), 2^e)
+    ASSERT_GE(e - 1, -20) << v;
+    ASSERT_LE(e - 1, 21) << v;
+    ++per_exponent[e - 1 + 20];
+    negative += v < 0;
+  }
+  for (int e = 0; e <= 40; ++e) EXPECT_GT(per_exponent[e], 1000) << e - 20;
+  EXPECT_NEAR(negative, (1 << 16) / 2, 800);
+  EXPECT_TRUE(same_bytes(w, rand_wide({1 << 16}, DType::bf16, 5, 20)));
+}
+
 TEST(Random, BadArgumentsRaise) {
   EXPECT_THROW(randn({4}, DType::i32, 1), Error);
   EXPECT_THROW(randn({4}, DType::f32, 1, 0.0f, -1.0f), Error);
@@ -97,6 +116,8 @@ TEST(Random, BadArgumentsRaise) {
   EXPECT_THROW(randint({4}, DType::i8, 1, 0, 300), Error);
   EXPECT_THROW(randint({4}, DType::i32, 1, 5, 5), Error);
   EXPECT_THROW(randint({4}, DType::bf16, 1, 0, 5), Error);
+  EXPECT_THROW(rand_wide({4}, DType::f32, 1, -1), Error);
+  EXPECT_THROW(rand_wide({4}, DType::i32, 1), Error);
 }
 
 TEST(Poison, EveryDtypeIsDetected) {
