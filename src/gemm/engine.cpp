@@ -65,7 +65,8 @@ bool has_e4m3_nan(const std::byte* data, int64_t bytes) {
 // Folding costs two vector operations per widened vector of every row a kernel streams, promotion
 // a few per block and accumulator tile; measured on one Zen 5 core (docs/gemm.md), promoting wins
 // from 128 values per block up, in the small-M kernel (5.8 against 10.7 cycles per e4m3 row) and
-// the large-M one, while FP4's 32-value blocks would promote too often.
+// the large-M one, while FP4's 32-value blocks would promote too often. The tile kernels fold at
+// every length (kg::scale_modes).
 constexpr int kFoldBelowGranK = 128;
 
 Backend kernel_isa() {
@@ -117,7 +118,8 @@ kg::GemmSegment kernel_segment(const Segment& s) {
            .sf_ld = s.a.sf.ld,
            .sf_gran_m = s.a.sf.gran_mn,
            .sf_gran_k = s.a.sf.gran_k};
-  out.fold_a = s.a.sf.gran_k < kFoldBelowGranK && foldable_scales(s.a.sf, s.d.m, s.a.k);
+  out.a_foldable = foldable_scales(s.a.sf, s.d.m, s.a.k);
+  out.fold_a = out.a_foldable && s.a.sf.gran_k < kFoldBelowGranK;
   out.b = s.b->data();
   out.d = s.d.data;
   out.ldd = s.d.ld;
@@ -338,6 +340,7 @@ bool same_run(const Segment& a, const Segment& b) {
   const kg::PackedLayout &la = a.b->layout, &lb = b.b->layout;
   return a.a.dtype == b.a.dtype && a.d.dtype == b.d.dtype && la.type == lb.type && la.n == lb.n &&
          la.k == lb.k && la.scale_gran_k == lb.scale_gran_k && la.fold_scales == lb.fold_scales &&
+         la.scales_foldable == lb.scales_foldable &&
          (a.a.sf.data == nullptr) == (b.a.sf.data == nullptr);
 }
 
@@ -376,7 +379,8 @@ std::shared_ptr<const PackedB> pack_b(const Operand& b) {
       },
       1);
   const bool nan = std::any_of(nan_in.begin(), nan_in.end(), [](uint8_t x) { return x != 0; });
-  l.fold_scales = gran > 0 && gran < kFoldBelowGranK && !nan && foldable_scales(b.sf, b.rows, b.k);
+  l.scales_foldable = gran > 0 && !nan && foldable_scales(b.sf, b.rows, b.k);
+  l.fold_scales = l.scales_foldable && gran < kFoldBelowGranK;
   return packed;
 }
 

@@ -39,7 +39,8 @@ struct GemmConfig {
 // One product: A [m, k] (rows of the segment), the packed B, D [m, n] row-major.
 struct GemmSegment {
   OperandA a;
-  bool fold_a = false;  // A's scales are powers of two within kMaxFoldExponent: fold them
+  bool a_foldable = false;  // A's scales are powers of two within kMaxFoldExponent
+  bool fold_a = false;      // ... and short enough blocks that every kernel folds them
   const std::byte* b = nullptr;
   void* d = nullptr;
   int64_t ldd = 0;
@@ -127,6 +128,7 @@ Problem resolve_problem(const GemmArgs& args) {
   const int64_t n = kConfig.n != 0 ? kConfig.n : args.b.n;
   const int64_t k = kConfig.k != 0 ? kConfig.k : args.b.k;
   p.b = make_layout(b_type, n, k, args.b.scale_gran_k);
+  p.b.scales_foldable = args.b.scales_foldable;
   p.b.fold_scales = args.b.fold_scales;
   p.a_type = kConfig.a_type != Elem::any ? kConfig.a_type : args.a_type;
   p.d_type = kConfig.d_type != OutType::any ? kConfig.d_type : args.d_type;
@@ -135,11 +137,13 @@ Problem resolve_problem(const GemmArgs& args) {
   return p;
 }
 
-inline ScaleModes scale_modes(const Problem& p, const GemmSegment& s) {
+// The tile kernels fold every foldable scale: their widening is shared by a block of rows, while
+// promotion would store, scale and reload the accumulator tiles once per block of K.
+inline ScaleModes scale_modes(const Problem& p, const GemmSegment& s, bool tiles) {
   ScaleModes m;
   const bool has_a = s.a.sf != nullptr, has_b = p.b.scale_gran_k > 0;
-  m.fold_a = has_a && s.fold_a;
-  m.fold_b = has_b && p.b.fold_scales;
+  m.fold_a = has_a && (s.fold_a || (tiles && s.a_foldable));
+  m.fold_b = has_b && (p.b.fold_scales || (tiles && p.b.scales_foldable));
   m.promote_a = has_a && !m.fold_a;
   m.promote_b = has_b && !m.fold_b;
   if (m.promote_a) m.gran = s.a.sf_gran_k;

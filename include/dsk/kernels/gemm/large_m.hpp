@@ -85,12 +85,12 @@ void dot_row_tile(const Problem& p, const GemmSegment& s, const ScaleModes& mode
   }
 }
 
-// c[r][j] = fma(t[r][j], row_scale[r] * col_scale[j], c[r][j]) for a 32 x 32 block (dot_promote's
-// arithmetic, for partial sums that come out of tile registers).
+// c[r][j] = fma(t[r][j], row_scale[r] * col_scale[j], c[r][j]) for `rows` rows of 32 columns
+// (dot_promote's arithmetic, for partial sums that come out of tile registers).
 template <tile::Isa T>
-void tile_promote(const float* t, float* c, int64_t ldc, const float* row_scale,
+void tile_promote(const float* t, int rows, float* c, int64_t ldc, const float* row_scale,
                   const float* col_scale) {
-  for (int r = 0; r < 32; ++r) {
+  for (int r = 0; r < rows; ++r) {
     float* out = c + r * ldc;
     if constexpr (!std::same_as<tile::vector_isa_t<T>, tile::generic_t>) {
 #if DSK_TILE_HAS_AVX512
@@ -109,7 +109,18 @@ void tile_promote(const float* t, float* c, int64_t ldc, const float* row_scale,
   }
 }
 
-// Every 32-row tile of one panel over the pass (A and C padded with zero rows to whole tiles).
+// The 32 x 32 block at c, or its top 16 rows when `half` (the other rows would only pad).
+template <tile::Isa T>
+void mma_rows(typename tile::BlockRegs<T>::Unit& u, bool half, const bf16* a, int64_t lda,
+              const bf16* b, int64_t k_pad, float* c, int64_t ldc, bool load_c) {
+  if (half)
+    tile::mma_block<T, 16, 32>(u, a, lda, b, kPanelRowBf16, k_pad, c, ldc, load_c);
+  else
+    tile::mma_block<T, 32, 32>(u, a, lda, b, kPanelRowBf16, k_pad, c, ldc, load_c);
+}
+
+// Every 32-row tile of one panel over the pass (A and C padded with zero rows to whole tiles; a
+// last tile of at most 16 rows computes only those: decode batches are that small).
 template <tile::Isa T>
 void tile_panel_pass(typename tile::BlockRegs<T>::Unit& u, const Problem& p, const GemmSegment& s,
                      const ScaleModes& modes, const PassOperands& op, int64_t row0, int64_t rows,
@@ -117,24 +128,24 @@ void tile_panel_pass(typename tile::BlockRegs<T>::Unit& u, const Problem& p, con
                      float* tile_buffer) {
   const int64_t kc_pad = round_up(kc, 32);
   for (int64_t r = 0; r < rows; r += 32) {
+    const int tile_rows = static_cast<int>(std::min<int64_t>(32, rows - r));
+    const bool half_rows = tile_rows <= 16;
     for (int half = 0; half < 2; ++half) {
       const bf16* a = op.a + r * op.lda;
       const bf16* b = op.b + 2 * 32 * half;  // columns [32 half, 32 half + 32): bf16 pairs
       float* block = c + r * ldc + 32 * half;
       if (modes.gran == 0) {
-        tile::mma_block<T, 32, 32>(u, a, op.lda, b, kPanelRowBf16, kc_pad, block, ldc, k0 != 0);
+        mma_rows<T>(u, half_rows, a, op.lda, b, kc_pad, block, ldc, k0 != 0);
         continue;
       }
       for (int64_t g = 0; g < kc; g += modes.gran) {
         float row_scale[32];  // rows past the item are zero rows of A: any finite scale
         std::fill(row_scale, row_scale + 32, 1.0f);
-        promotion_row_scales(modes, s, row0 + r, static_cast<int>(std::min<int64_t>(32, rows - r)),
-                             k0 + g, row_scale);
+        promotion_row_scales(modes, s, row0 + r, tile_rows, k0 + g, row_scale);
         const float* col_scale = promotion_col_scales(modes, p, s, panel, k0 + g) + 32 * half;
-        tile::mma_block<T, 32, 32>(u, a + g, op.lda, b + g / 2 * kPanelRowBf16, kPanelRowBf16,
-                                   round_up(std::min(modes.gran, kc - g), 32), tile_buffer, 32,
-                                   false);
-        tile_promote<T>(tile_buffer, block, ldc, row_scale, col_scale);
+        mma_rows<T>(u, half_rows, a + g, op.lda, b + g / 2 * kPanelRowBf16,
+                    round_up(std::min(modes.gran, kc - g), 32), tile_buffer, 32, false);
+        tile_promote<T>(tile_buffer, half_rows ? 16 : 32, block, ldc, row_scale, col_scale);
       }
     }
   }
@@ -154,7 +165,7 @@ void large_m_item(const Problem& p, const GemmSegment& s, const GemmItem& item,
   auto* c = reinterpret_cast<float*>(scratch + plan.c);
   auto* a_block = reinterpret_cast<bf16*>(scratch + plan.a);
   auto* b_block = reinterpret_cast<bf16*>(scratch + plan.b);
-  const ScaleModes modes = scale_modes(p, s);
+  const ScaleModes modes = scale_modes(p, s, kTiles);
   if (modes.gran != 0)
     std::memset(c, 0, static_cast<size_t>((kAmx ? rows_pad : rows) * ldc) * sizeof(float));
   [[maybe_unused]] std::conditional_t<kAmx, typename tile::BlockRegs<I>::Unit, char> unit;

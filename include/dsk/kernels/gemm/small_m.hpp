@@ -185,7 +185,7 @@ void small_m_item(const Problem& p, const GemmSegment& s, const GemmItem& item,
   const int64_t rows = item.m1 - item.m0;
   const ScratchPlan plan = scratch_plan(Path::small_m, rows, 1, p.block_k, p.b.k_pad);
   auto* c = reinterpret_cast<float*>(scratch + plan.c);
-  const ScaleModes modes = scale_modes(p, s);
+  const ScaleModes modes = scale_modes(p, s, false);
 
   // A once for all panels: in place (one row), or widened over the whole of K with a row stride
   // that does not alias in L1 (scratch_plan).
