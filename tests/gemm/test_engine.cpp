@@ -239,6 +239,7 @@ std::vector<Case> cases() {
   out.push_back({.d = DType::bf16, .m = 13, .n = 96, .k = 160, .accumulate = true});
   out.push_back({.m = 9, .n = 65, .k = 97, .accumulate = true});
   out.push_back({.m = 11, .n = 33, .k = 70, .a_mn_major = true, .b_mn_major = true});
+  out.push_back({.m = 40, .n = 70, .k = 96});  // on tiles: a whole row tile, then one of 8 rows
   // FP8: promoted f32 scales (per-block and per-channel B), folded powers of two, gran_k 32.
   const DType e4 = DType::e4m3, e2 = DType::fp4x2;
   out.push_back(
@@ -253,6 +254,9 @@ std::vector<Case> cases() {
                  .accumulate = true});
   out.push_back(
       {.a = e4, .b = e4, .d = DType::bf16, .m = 23, .n = 70, .k = 512, .scales = ScaleKind::pow2});
+  // 128-value blocks of powers of two, which the tile kernels fold, in a tile of at most 16 rows.
+  out.push_back(
+      {.a = e4, .b = e4, .d = DType::bf16, .m = 5, .n = 130, .k = 384, .scales = ScaleKind::pow2});
   out.push_back({.a = e4,
                  .b = e4,
                  .m = 2,
