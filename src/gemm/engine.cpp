@@ -61,14 +61,6 @@ bool has_e4m3_nan(const std::byte* data, int64_t bytes) {
   return found != 0;
 }
 
-// Power-of-two scales (of A or B) are folded into the widening only for K blocks shorter than this.
-// Folding costs two vector operations per widened vector of every row a kernel streams, promotion
-// a few per block and accumulator tile; measured on one Zen 5 core (docs/gemm.md), promoting wins
-// from 128 values per block up, in the small-M kernel (5.8 against 10.7 cycles per e4m3 row) and
-// the large-M one, while FP4's 32-value blocks would promote too often. The tile kernels fold at
-// every length (kg::scale_modes).
-constexpr int kFoldBelowGranK = 128;
-
 Backend kernel_isa() {
   return backend();
 }
@@ -119,7 +111,6 @@ kg::GemmSegment kernel_segment(const Segment& s) {
            .sf_gran_m = s.a.sf.gran_mn,
            .sf_gran_k = s.a.sf.gran_k};
   out.a_foldable = foldable_scales(s.a.sf, s.d.m, s.a.k);
-  out.fold_a = out.a_foldable && s.a.sf.gran_k < kFoldBelowGranK;
   out.b = s.b->data();
   out.d = s.d.data;
   out.ldd = s.d.ld;
@@ -130,9 +121,12 @@ kg::GemmSegment kernel_segment(const Segment& s) {
 int promotion_gran(const Run& r) {
   int gran = 0;
   const auto take = [&gran](int g) { gran = gran == 0 ? g : std::min(gran, g); };
-  if (r.layout.scale_gran_k > 0 && !r.layout.fold_scales) take(r.layout.scale_gran_k);
+  // The register kernels' granularity: the tile kernels promote at most as often.
+  if (r.layout.scale_gran_k > 0 &&
+      !kg::folds(r.layout.scales_foldable, r.layout.scale_gran_k, false))
+    take(r.layout.scale_gran_k);
   for (const kg::GemmSegment& s : r.segments)
-    if (s.a.sf != nullptr && !s.fold_a) take(s.a.sf_gran_k);
+    if (s.a.sf != nullptr && !kg::folds(s.a_foldable, s.a.sf_gran_k, false)) take(s.a.sf_gran_k);
   return gran;
 }
 
@@ -339,7 +333,7 @@ KernelConfig choose_config(const Run& r) {
 bool same_run(const Segment& a, const Segment& b) {
   const kg::PackedLayout &la = a.b->layout, &lb = b.b->layout;
   return a.a.dtype == b.a.dtype && a.d.dtype == b.d.dtype && la.type == lb.type && la.n == lb.n &&
-         la.k == lb.k && la.scale_gran_k == lb.scale_gran_k && la.fold_scales == lb.fold_scales &&
+         la.k == lb.k && la.scale_gran_k == lb.scale_gran_k &&
          la.scales_foldable == lb.scales_foldable &&
          (a.a.sf.data == nullptr) == (b.a.sf.data == nullptr);
 }
@@ -380,7 +374,6 @@ std::shared_ptr<const PackedB> pack_b(const Operand& b) {
       1);
   const bool nan = std::any_of(nan_in.begin(), nan_in.end(), [](uint8_t x) { return x != 0; });
   l.scales_foldable = gran > 0 && !nan && foldable_scales(b.sf, b.rows, b.k);
-  l.fold_scales = l.scales_foldable && gran < kFoldBelowGranK;
   return packed;
 }
 

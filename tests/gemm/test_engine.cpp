@@ -430,8 +430,8 @@ std::vector<uint8_t> run_tile_path(const Problem& p, int block_m, int panels_per
                .sf_ld = p.a.op.sf.ld,
                .sf_gran_m = p.a.op.sf.gran_mn,
                .sf_gran_k = p.a.op.sf.gran_k};
-  // Powers of two well inside the fold range: foldable, and folded by the tile kernels.
-  segment.a_foldable = segment.fold_a = p.c.scales == ScaleKind::pow2;
+  // Powers of two well inside the fold range.
+  segment.a_foldable = p.c.scales == ScaleKind::pow2;
   segment.b = p.packed->data();
   segment.d = d.data();
   segment.ldd = p.c.n;

@@ -40,7 +40,6 @@ struct GemmConfig {
 struct GemmSegment {
   OperandA a;
   bool a_foldable = false;  // A's scales are powers of two within kMaxFoldExponent
-  bool fold_a = false;      // ... and short enough blocks that every kernel folds them
   const std::byte* b = nullptr;
   void* d = nullptr;
   int64_t ldd = 0;
@@ -129,7 +128,6 @@ Problem resolve_problem(const GemmArgs& args) {
   const int64_t k = kConfig.k != 0 ? kConfig.k : args.b.k;
   p.b = make_layout(b_type, n, k, args.b.scale_gran_k);
   p.b.scales_foldable = args.b.scales_foldable;
-  p.b.fold_scales = args.b.fold_scales;
   p.a_type = kConfig.a_type != Elem::any ? kConfig.a_type : args.a_type;
   p.d_type = kConfig.d_type != OutType::any ? kConfig.d_type : args.d_type;
   p.accumulate = args.accumulate;
@@ -137,13 +135,23 @@ Problem resolve_problem(const GemmArgs& args) {
   return p;
 }
 
-// The tile kernels fold every foldable scale: their widening is shared by a block of rows, while
-// promotion would store, scale and reload the accumulator tiles once per block of K.
+// Whether foldable scales of blocks of gran_k values are folded into the widening rather than
+// promoted. The tile kernels always fold: their widening is shared by a block of rows, while
+// promotion would store, scale and reload the accumulator tiles once per block of K. The register
+// kernels fold only short blocks: folding costs two vector operations per widened vector of every
+// row they stream, promotion a few per block and accumulator tile; measured on one Zen 5 core
+// (docs/gemm.md), promoting wins from 128 values per block up (5.8 against 10.7 cycles per e4m3
+// row in the small-M kernel), while FP4's 32-value blocks would promote too often.
+inline constexpr int kFoldBelowGranK = 128;
+constexpr bool folds(bool foldable, int64_t gran_k, bool tiles) {
+  return foldable && (tiles || gran_k < kFoldBelowGranK);
+}
+
 inline ScaleModes scale_modes(const Problem& p, const GemmSegment& s, bool tiles) {
   ScaleModes m;
   const bool has_a = s.a.sf != nullptr, has_b = p.b.scale_gran_k > 0;
-  m.fold_a = has_a && (s.fold_a || (tiles && s.a_foldable));
-  m.fold_b = has_b && (p.b.fold_scales || (tiles && p.b.scales_foldable));
+  m.fold_a = has_a && folds(s.a_foldable, s.a.sf_gran_k, tiles);
+  m.fold_b = has_b && folds(p.b.scales_foldable, p.b.scale_gran_k, tiles);
   m.promote_a = has_a && !m.fold_a;
   m.promote_b = has_b && !m.fold_b;
   if (m.promote_a) m.gran = s.a.sf_gran_k;

@@ -58,10 +58,8 @@ struct PackedLayout {
   int64_t panel_bytes = 0;   // data and scales of one panel, rounded up to kLayoutAlign
   // The scales may be folded into the widening of the weights: each is an exact power of two
   // 2^e with |e| <= kMaxFoldExponent and the weight holds no NaN (set by the packer's caller).
-  // The tile kernels fold them whenever they may; the others only below a block length
-  // (fold_scales), where promotion would cost more than folding.
+  // Whether a kernel does is kg::folds.
   bool scales_foldable = false;
-  bool fold_scales = false;
 };
 
 // What pack_panel reads: B [n, k] with element (c, kk) at data + c * stride_r + kk * stride_k

@@ -5,7 +5,7 @@
 // Power-of-two scales are folded in exactly: every widened e4m3 / e2m1 value is a normal bf16 (or
 // zero), and multiplying it by 2^e adds e to its exponent field, which stays normal as long as
 // |e| <= kMaxFoldExponent. Zeros are left alone (and NaN, on the A side; a weight whose layout says
-// fold_scales holds none).
+// scales_foldable holds none).
 #pragma once
 
 #include <cstdint>
