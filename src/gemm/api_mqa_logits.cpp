@@ -244,7 +244,6 @@ Tensor fp8_fp4_mqa_logits(const Fp8Tensor& q, const Fp8Tensor& kv, const Tensor&
 namespace {
 
 using kernels::gemm::MqaPagedArgs;
-using kernels::gemm::MqaPagedBuffers;
 
 constexpr const char* kPagedFn = "gemm::fp8_paged_mqa_logits";
 constexpr const char* kMetaFn = "gemm::get_paged_mqa_logits_metadata";
@@ -412,24 +411,19 @@ Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tenso
   const detail::MqaKernels& k = mqa_kernels();
   parallel_for(parts, [&](int64_t p0, int64_t p1, int) {
     std::vector<bf16> qbuf(static_cast<size_t>(kernels::gemm::mqa_q_rows(next_n, heads) * d)),
-        kv(static_cast<size_t>(block_kv * d)), panel(static_cast<size_t>(kMqaPanel * d));
+        panel(static_cast<size_t>(kMqaPanel * d));
     std::vector<float> tile(kernels::gemm::kMqaTileFloats),
         logit(static_cast<size_t>(next_n * kMqaPanel));
     MqaScratch s{qbuf.data(), tile.data(), logit.data()};
-    MqaPagedBuffers buf{kv.data(), panel.data()};
     for (int64_t p = p0; p < p1; ++p) {
-      int64_t b = meta[2 * p], blk = meta[2 * p + 1], widened = -1;
+      // Part p: blocks from (item, block) meta[p] up to meta[p + 1], item by item.
       const int64_t end_b = meta[2 * p + 2], end_blk = meta[2 * p + 3];
-      while (b < end_b || (b == end_b && blk < end_blk)) {
-        if (blk >= blocks[static_cast<size_t>(b)]) {
-          ++b;
-          blk = 0;
-          continue;
-        }
-        if (widened != b) k.widen_queries(rows, b * next_n, next_n, s);
-        widened = b;
-        k.paged_block(a, rows, b, blk, s, buf);
-        ++blk;
+      for (int64_t b = meta[2 * p], blk = meta[2 * p + 1];
+           b < end_b || (b == end_b && blk < end_blk); ++b, blk = 0) {
+        const int64_t last = b < end_b ? blocks[static_cast<size_t>(b)] : end_blk;
+        if (blk >= last) continue;
+        k.widen_queries(rows, b * next_n, next_n, s);
+        k.paged_blocks(a, rows, b, blk, last, s, panel.data());
       }
     }
   });

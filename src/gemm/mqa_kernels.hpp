@@ -16,8 +16,8 @@ struct MqaKernels {
   void (*block)(const kernels::gemm::MqaArgs&, int64_t, int64_t, kernels::gemm::MqaScratch&);
   void (*widen_queries)(const kernels::gemm::MqaArgs&, int64_t, int64_t,
                         kernels::gemm::MqaScratch&);
-  void (*paged_block)(const kernels::gemm::MqaPagedArgs&, const kernels::gemm::MqaArgs&, int64_t,
-                      int64_t, kernels::gemm::MqaScratch&, kernels::gemm::MqaPagedBuffers&);
+  void (*paged_blocks)(const kernels::gemm::MqaPagedArgs&, const kernels::gemm::MqaArgs&, int64_t,
+                       int64_t, int64_t, kernels::gemm::MqaScratch&, bf16* panel);
 };
 
 // The kernels of ISA I: the products on tile registers when kTiles (amx, or AMX emulated by the
@@ -26,7 +26,7 @@ template <class I, bool kTiles>
 constexpr MqaKernels make_mqa_kernels() {
   using V = tile::vector_isa_t<I>;
   return {&kernels::gemm::mqa_pack_kv<V>, &kernels::gemm::mqa_logits_block<I, kTiles>,
-          &kernels::gemm::widen_queries<V>, &kernels::gemm::mqa_paged_block<I, kTiles>};
+          &kernels::gemm::widen_queries<V>, &kernels::gemm::mqa_paged_blocks<I, kTiles>};
 }
 
 using dsk::detail::Products;

@@ -96,6 +96,41 @@ TEST_P(TilePack, BytesIntoVnniFromBothLayoutsWithTails) {
   }
 }
 
+// e4m3 codes widened while packed: every code (the NaNs, zeros and subnormals among them) and
+// the tails must give the bytes of the exact bf16 values packed by the rule at the top of pack.hpp.
+TEST_P(TilePack, E4m3WidenedIntoBf16VnniWithTails) {
+  const PackCase cases[] = {{128, 64, 128, 64, 0}, {128, 37, 128, 48, 6}, {64, 16, 64, 16, 0},
+                            {32, 64, 32, 64, 0},   {100, 40, 128, 48, 2}, {7, 3, 32, 16, 0},
+                            {256, 17, 256, 32, 0}};
+  uint32_t seed = 200;
+  for (const PackCase& pc : cases) {
+    SCOPED_TRACE(::testing::Message() << "k=" << pc.k << " n=" << pc.n << " k_pad=" << pc.k_pad
+                                      << " n_pad=" << pc.n_pad);
+    const int64_t ldb = pc.k + 3;
+    std::vector<uint8_t> bytes = random_bytes(pc.n * ldb, seed++);
+    for (int c = 0; c < 256 && c < static_cast<int>(bytes.size()); ++c)
+      bytes[static_cast<size_t>(c)] = static_cast<uint8_t>(c);  // every code at least once
+    std::vector<e4m3> b(bytes.size());
+    std::memcpy(b.data(), bytes.data(), bytes.size());
+    const int64_t ld_dst = int64_t{pc.n_pad} * 2 + pc.extra_ld;
+    const int groups = pc.k_pad / 2;
+    std::vector<bf16> dst(groups * ld_dst, bf16{0xFFFF});
+    backend().pack_e4m3_widen(b.data(), ldb, pc.k, pc.n, dst.data(), ld_dst, pc.k_pad, pc.n_pad);
+    for (int g = 0; g < groups; ++g) {
+      for (int64_t i = 0; i < ld_dst; ++i) {
+        const int nn = static_cast<int>(i / 2), kk = g * 2 + static_cast<int>(i % 2);
+        uint16_t want = 0xFFFF;
+        if (i < int64_t{pc.n_pad} * 2)
+          want = (kk < pc.k && nn < pc.n)
+                     ? tile::convert_scalar<bf16>(b[static_cast<size_t>(nn * ldb + kk)]).bits
+                     : 0;
+        ASSERT_EQ(dst[static_cast<size_t>(g * ld_dst + i)].bits, want)
+            << "packed row " << g << " element " << i;
+      }
+    }
+  }
+}
+
 // ---- epilogues: a 5 x 37 block (two full 16-column chunks and a tail) in rows of 40 ----
 constexpr int kRows = 5, kCols = 37, kLd = 40;
 

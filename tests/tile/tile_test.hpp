@@ -62,6 +62,9 @@ struct Runners {
                   int k_pad, int n_pad);
   void (*pack_u8)(bool nt, const uint8_t* b, int64_t ldb, int k, int n, uint8_t* dst,
                   int64_t ld_dst, int k_pad, int n_pad);
+  // pack_b_vnni_nt_widen: e4m3 codes [n, k] into bf16 VNNI form.
+  void (*pack_e4m3_widen)(const e4m3* b, int64_t ldb, int k, int n, bf16* dst, int64_t ld_dst,
+                          int k_pad, int n_pad);
   // The epilogue helpers, as declared in epilogue.hpp.
   void (*scale_rows)(float* data, int64_t ld, int rows, int cols, const float* row_scale);
   void (*scale_cols)(float* data, int64_t ld, int rows, int cols, const float* col_scale);

@@ -237,6 +237,7 @@ struct Body {
     r.pack_bf16 = &pack<bf16>;
     r.pack_s8 = &pack<int8_t>;
     r.pack_u8 = &pack<uint8_t>;
+    r.pack_e4m3_widen = &tl::pack_b_vnni_nt_widen<I>;
     r.scale_rows = &tl::scale_rows<I>;
     r.scale_cols = &tl::scale_cols<I>;
     r.accumulate = &tl::accumulate<I>;

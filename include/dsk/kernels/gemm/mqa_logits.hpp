@@ -94,6 +94,13 @@ void mqa_pack_kv(const uint8_t* kv, int64_t ld, bool fp4, const int32_t* kv_sf, 
                  int64_t d, int64_t p0, int64_t p1, bf16* panels, bf16* rows) {
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t n = std::min(kMqaPanel, skv - p * kMqaPanel);
+    if (!fp4) {
+      tile::pack_b_vnni_nt_widen<I>(reinterpret_cast<const e4m3*>(kv + p * kMqaPanel * ld), ld,
+                                    static_cast<int>(d), static_cast<int>(n),
+                                    panels + p * d * kMqaPanel, 2 * kMqaPanel, static_cast<int>(d),
+                                    static_cast<int>(kMqaPanel));
+      continue;
+    }
     for (int64_t c = 0; c < n; ++c) {
       const int64_t j = p * kMqaPanel + c;
       widen_row<I>(kv + j * ld, fp4, fp4 ? kv_sf[j] : 0, d, rows + c * d);
@@ -283,12 +290,6 @@ struct MqaPagedArgs {
   bool lens_2d = false;
 };
 
-// Per-thread buffers of mqa_paged_block besides MqaScratch (sized for next_n queries).
-struct MqaPagedBuffers {
-  bf16* kv;     // [block_kv][d]
-  bf16* panel;  // [d / 2][kMqaPanel][2]
-};
-
 // Tokens [0, n) of batch item b are valid for its row j: context_lens[b, j], or with one length
 // per item the causal rule of the next_n draft tokens, t <= context_lens[b] - next_n + j.
 inline int64_t paged_valid_len(const MqaPagedArgs& a, int64_t b, int64_t j) {
@@ -302,29 +303,42 @@ inline int64_t paged_item_len(const MqaPagedArgs& a, int64_t b) {
   return n;
 }
 
-// The logits of batch item b (its query rows already in s.q) against its cache block blk.
+// Fetches cache block `id` towards L2 while the one before it is computed: blocks sit anywhere in
+// the cache, so the hardware prefetchers would meet each one cold.
+inline void prefetch_paged_block(const MqaPagedArgs& pa, int32_t id) {
+  const uint8_t* block = pa.kv_cache + id * pa.block_bytes;
+  for (int64_t off = 0; off < pa.block_bytes; off += 64) __builtin_prefetch(block + off, 0, 2);
+}
+
+// The logits of batch item b (its query rows already in s.q) against its cache blocks
+// [blk0, blk1), on one tile unit (configuring one per block costs as much as a block's products).
+// panel: kMqaPanel * d bf16 of scratch, each panel of a block widened into it in VNNI form.
 template <class I, bool kTiles>
-void mqa_paged_block(const MqaPagedArgs& pa, const MqaArgs& a, int64_t b, int64_t blk,
-                     MqaScratch& s, MqaPagedBuffers& buf) {
+void mqa_paged_blocks(const MqaPagedArgs& pa, const MqaArgs& a, int64_t b, int64_t blk0,
+                      int64_t blk1, MqaScratch& s, bf16* panel) {
   using V = tile::vector_isa_t<I>;
-  const uint8_t* block = pa.kv_cache + pa.block_table[b * pa.bt_stride + blk] * pa.block_bytes;
   MqaUnit<I, kTiles> unit;
-  tile::convert_n<V>(reinterpret_cast<const e4m3*>(block + mla::indexer_codes_offset(0, a.d)),
-                     buf.kv, static_cast<size_t>(pa.block_kv * a.d));
-  for (int64_t c0 = 0; c0 < pa.block_kv; c0 += kMqaPanel) {
-    const int64_t n = std::min(kMqaPanel, pa.block_kv - c0);
-    tile::pack_b_vnni_nt<V>(buf.kv + c0 * a.d, a.d, static_cast<int>(a.d), static_cast<int>(n),
-                            buf.panel, 2 * kMqaPanel, static_cast<int>(a.d),
-                            static_cast<int>(kMqaPanel));
-    float sf[kMqaPanel] = {};  // the scales may sit at any 4-byte offset
-    std::memcpy(sf, block + mla::indexer_scale_offset(c0, pa.block_kv, a.d),
-                static_cast<size_t>(n) * sizeof(float));
-    const int64_t i0 = b * pa.next_n, t0 = blk * pa.block_kv + c0;
-    panel_logits<I, kTiles>(a, i0, pa.next_n, buf.panel, sf, s, unit);
-    for (int64_t j = 0; j < pa.next_n; ++j) {
-      const int64_t end = std::min(paged_valid_len(pa, b, j), t0 + n);
-      for (int64_t t = t0; t < end; ++t)
-        mqa_detail::store_logit(a, i0 + j, t, s.logit[j * kMqaPanel + (t - t0)]);
+  const int32_t* ids = pa.block_table + b * pa.bt_stride;
+  const int64_t i0 = b * pa.next_n;
+  for (int64_t blk = blk0; blk < blk1; ++blk) {
+    if (blk + 1 < blk1) prefetch_paged_block(pa, ids[blk + 1]);
+    const uint8_t* block = pa.kv_cache + ids[blk] * pa.block_bytes;
+    const auto* codes = reinterpret_cast<const e4m3*>(block + mla::indexer_codes_offset(0, a.d));
+    for (int64_t c0 = 0; c0 < pa.block_kv; c0 += kMqaPanel) {
+      const int64_t n = std::min(kMqaPanel, pa.block_kv - c0);
+      tile::pack_b_vnni_nt_widen<V>(codes + c0 * a.d, a.d, static_cast<int>(a.d),
+                                    static_cast<int>(n), panel, 2 * kMqaPanel,
+                                    static_cast<int>(a.d), static_cast<int>(kMqaPanel));
+      float sf[kMqaPanel] = {};  // the scales may sit at any 4-byte offset
+      std::memcpy(sf, block + mla::indexer_scale_offset(c0, pa.block_kv, a.d),
+                  static_cast<size_t>(n) * sizeof(float));
+      const int64_t t0 = blk * pa.block_kv + c0;
+      panel_logits<I, kTiles>(a, i0, pa.next_n, panel, sf, s, unit);
+      for (int64_t j = 0; j < pa.next_n; ++j) {
+        const int64_t end = std::min(paged_valid_len(pa, b, j), t0 + n);
+        for (int64_t t = t0; t < end; ++t)
+          mqa_detail::store_logit(a, i0 + j, t, s.logit[j * kMqaPanel + (t - t0)]);
+      }
     }
   }
 }

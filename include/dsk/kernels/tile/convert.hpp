@@ -168,6 +168,13 @@ constexpr UnpackOrder make_unpack_order() {
 
 inline constexpr UnpackOrder kUnpackOrder = make_unpack_order();
 
+// kUnpackOrder applied to codes[source[i]]: converting with it yields the values in source order.
+constexpr UnpackOrder unpack_order_of(const UnpackOrder& source) {
+  UnpackOrder o{};
+  for (int i = 0; i < 64; ++i) o.index[i] = source.index[kUnpackOrder.index[i]];
+  return o;
+}
+
 // The 16 e2m1 values as f32, and as bf16 repeated twice (VPERMW reads 5 index bits).
 struct E2m1Tables {
   alignas(64) float f32[16];
@@ -267,10 +274,11 @@ struct Bf16x64 {
   __m512i second;
 };
 
-inline Bf16x64 e4m3x64_to_bf16(__m512i codes) {
+// The 64 values codes[source[i]] in order i, where order = unpack_order_of(source): the pick
+// rides on the shuffle the conversion needs anyway.
+inline Bf16x64 e4m3x64_to_bf16_ordered(__m512i codes, const convert_detail::UnpackOrder& order) {
   using convert_detail::kE4m3Bf16Bytes;
-  const __m512i x =
-      _mm512_permutexvar_epi8(_mm512_load_si512(convert_detail::kUnpackOrder.index), codes);
+  const __m512i x = _mm512_permutexvar_epi8(_mm512_load_si512(order.index), codes);
   // VPERMI2B ignores index bit 7 (the sign): the tables are indexed by the magnitude.
   __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(kE4m3Bf16Bytes.hi), x,
                                         _mm512_load_si512(kE4m3Bf16Bytes.hi + 64));
@@ -278,6 +286,10 @@ inline Bf16x64 e4m3x64_to_bf16(__m512i codes) {
                                               _mm512_load_si512(kE4m3Bf16Bytes.lo + 64));
   hi = _mm512_ternarylogic_epi32(hi, x, _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
   return {_mm512_unpacklo_epi8(lo, hi), _mm512_unpackhi_epi8(lo, hi)};
+}
+
+inline Bf16x64 e4m3x64_to_bf16(__m512i codes) {
+  return e4m3x64_to_bf16_ordered(codes, convert_detail::kUnpackOrder);
 }
 
 inline __m512i e4m3x32_to_bf16(__m256i codes) {

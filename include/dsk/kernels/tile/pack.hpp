@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include <dsk/kernels/tile/convert.hpp>
 #include <dsk/kernels/tile/isa.hpp>
 #include <dsk/kernels/tile/types.hpp>
 
@@ -118,6 +119,44 @@ void pack_vnni_nt_avx512(const T* b, int64_t ldb, int k, int n, T* dst, int64_t 
   }
 }
 
+// After a dword transpose of 16 rows of e4m3 codes, byte 4t + c of vector j is code 4j + c of row
+// t. This order converts such a vector into VNNI group 2j of the 16 rows (their codes 4j, 4j + 1)
+// followed by group 2j + 1 (codes 4j + 2, 4j + 3).
+constexpr convert_detail::UnpackOrder make_vnni_pair_split() {
+  convert_detail::UnpackOrder source{};
+  for (int i = 0; i < 64; ++i) {
+    const int group = i / 32, row = i % 32 / 2, code = i % 2;
+    source.index[i] = static_cast<uint8_t>(4 * row + 2 * group + code);
+  }
+  return convert_detail::unpack_order_of(source);
+}
+inline constexpr convert_detail::UnpackOrder kVnniPairSplit = make_vnni_pair_split();
+
+// pack_vnni_nt_avx512 of e4m3 codes widened to bf16 in the same pass: the transpose moves codes
+// (half the bytes of their bf16 values) and the widening shuffle also splits the groups.
+inline void pack_vnni_nt_widen_avx512(const e4m3* b, int64_t ldb, int k, int n, bf16* dst,
+                                      int64_t ld_dst, int k_pad, int n_pad) {
+  const int groups = k_pad / 2;
+  for (int n0 = 0; n0 < n_pad; n0 += 16) {
+    const __mmask16 store_mask = low_lanes_mask(n_pad - n0);
+    for (int k0 = 0; k0 < k_pad; k0 += 64) {
+      const __mmask64 load_mask = low_bytes_mask(k - k0);
+      __m512i rows[16];
+      for (int i = 0; i < 16; ++i)
+        rows[i] = n0 + i < n && k0 < k ? _mm512_maskz_loadu_epi8(load_mask, b + (n0 + i) * ldb + k0)
+                                       : _mm512_setzero_si512();
+      transpose_16x16_epi32(rows);
+      for (int j = 0; j < 16 && k0 / 2 + 2 * j < groups; ++j) {
+        const int g = k0 / 2 + 2 * j;
+        const Bf16x64 v = e4m3x64_to_bf16_ordered(rows[j], kVnniPairSplit);
+        _mm512_mask_storeu_epi32(dst + g * ld_dst + n0 * 2, store_mask, v.first);
+        if (g + 1 < groups)
+          _mm512_mask_storeu_epi32(dst + (g + 1) * ld_dst + n0 * 2, store_mask, v.second);
+      }
+    }
+  }
+}
+
 // 16 consecutive elements of one B row, zero-extended to dwords.
 template <OperandElement T>
 __m512i load_16_as_dwords(const T* src, __mmask16 mask) {
@@ -182,6 +221,22 @@ void pack_b_vnni_nt(const T* b, int64_t ldb, int k, int n, T* dst, int64_t ld_ds
   } else {
 #if DSK_TILE_HAS_AVX512
     detail::pack_vnni_nt_avx512(b, ldb, k, n, dst, ld_dst, k_pad, n_pad);
+#endif
+  }
+}
+
+// pack_b_vnni_nt of e4m3 codes b (N x K) widened to bf16 (exactly) on the way: the same bytes
+// as widening B into a copy and packing that, without the copy.
+template <Isa I>
+void pack_b_vnni_nt_widen(const e4m3* b, int64_t ldb, int k, int n, bf16* dst, int64_t ld_dst,
+                          int k_pad, int n_pad) {
+  static_assert(isa_compiled<I>, "this translation unit lacks the instructions of the ISA");
+  if constexpr (std::same_as<vector_isa_t<I>, generic_t>) {
+    const auto at = [&](int kk, int nn) { return convert_scalar<bf16>(b[nn * ldb + kk]); };
+    detail::pack_vnni_generic<bf16>(at, k, n, dst, ld_dst, k_pad, n_pad);
+  } else {
+#if DSK_TILE_HAS_AVX512
+    detail::pack_vnni_nt_widen_avx512(b, ldb, k, n, dst, ld_dst, k_pad, n_pad);
 #endif
   }
 }
