@@ -9,6 +9,7 @@
 // the work, nor on the knobs below. Callers guarantee valid input (DESIGN §2).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -160,11 +161,23 @@ inline ScaleModes scale_modes(const Problem& p, const GemmSegment& s, bool tiles
 }
 
 // Row scales of a promotion chunk starting at K value g0: A's, or 1 when A is not promoted.
+// Row r takes the scale of row block r / sf_gran_m, stepped along: two divisions per row cost the
+// amx kernel about a fifth of its time on FP8 with f32 scales (32 rows every 128 values of K).
 inline void promotion_row_scales(const ScaleModes& m, const GemmSegment& s, int64_t row0, int rows,
                                  int64_t g0, float* out) {
-  for (int i = 0; i < rows; ++i)
-    out[i] =
-        m.promote_a ? s.a.sf[((row0 + i) / s.a.sf_gran_m) * s.a.sf_ld + g0 / s.a.sf_gran_k] : 1.0f;
+  if (!m.promote_a) {
+    std::fill(out, out + rows, 1.0f);
+    return;
+  }
+  const float* column = s.a.sf + g0 / s.a.sf_gran_k;
+  int64_t block = row0 / s.a.sf_gran_m, within = row0 % s.a.sf_gran_m;
+  for (int i = 0; i < rows; ++i) {
+    out[i] = column[block * s.a.sf_ld];
+    if (++within == s.a.sf_gran_m) {
+      within = 0;
+      ++block;
+    }
+  }
 }
 
 // Column scales of a promotion chunk: the panel's B scales, or ones.
