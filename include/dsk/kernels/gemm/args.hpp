@@ -161,8 +161,8 @@ inline ScaleModes scale_modes(const Problem& p, const GemmSegment& s, bool tiles
 }
 
 // Row scales of a promotion chunk starting at K value g0: A's, or 1 when A is not promoted.
-// Row r takes the scale of row block r / sf_gran_m, stepped along: two divisions per row cost the
-// amx kernel about a fifth of its time on FP8 with f32 scales (32 rows every 128 values of K).
+// Row r takes the scale of row block r / sf_gran_m, stepped along: the amx path asks for 32 rows
+// every 128 values of K, and two 64-bit divisions per row drew half of its loop's own samples.
 inline void promotion_row_scales(const ScaleModes& m, const GemmSegment& s, int64_t row0, int rows,
                                  int64_t g0, float* out) {
   if (!m.promote_a) {

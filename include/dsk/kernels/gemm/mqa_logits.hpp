@@ -311,7 +311,7 @@ inline void prefetch_paged_block(const MqaPagedArgs& pa, int32_t id) {
 }
 
 // The logits of batch item b (its query rows already in s.q) against its cache blocks
-// [blk0, blk1), on one tile unit (configuring one per block costs as much as a block's products).
+// [blk0, blk1), on one tile unit for the run (a block is only 64 x 64 x D of products).
 // panel: kMqaPanel * d bf16 of scratch, each panel of a block widened into it in VNNI form.
 template <class I, bool kTiles>
 void mqa_paged_blocks(const MqaPagedArgs& pa, const MqaArgs& a, int64_t b, int64_t blk0,

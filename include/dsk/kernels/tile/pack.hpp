@@ -1,5 +1,6 @@
-// Packing for the tile layer: B operands into VNNI form (from a K x N or an N x K matrix), and
-// zero-padded copies of row-major blocks, so kernels never load past a matrix edge.
+// Packing for the tile layer: B operands into VNNI form (from a K x N or an N x K matrix, or from
+// N x K e4m3 codes widened to bf16 on the way), and zero-padded copies of row-major blocks, so
+// kernels never load past a matrix edge.
 //
 // VNNI form of a logical K x N matrix B, with V = vnni_factor<T> (2 for bf16, 4 for bytes):
 //   dst[g * ld_dst + n * V + j] = B(g * V + j, n)   for g < k_pad / V, n < n_pad, j < V,
