@@ -464,13 +464,16 @@ inline void copy_row(const bf16* src, size_t bytes, bf16* dst) {
 
 // The chunk's keys [kc, kc + n) copied (or dequantized) into s.keys as rows of d_qk, zero rows up
 // to `width`, and V's key pairs of those rows into s.v_panel: each key is read from its source
-// once, then packed for both products from L1.
+// once, then packed for both products from L1. With each row it prefetches the row one chunk
+// ahead (below k1) into L2, so the next chunk's reads stream at the pace of the copies.
 template <class V, class Source>
 void gather_chunk(const Problem& p, const Source& src, int64_t kc, int64_t n, int64_t width,
-                  Scratch& s) {
+                  int64_t k1, Scratch& s) {
   const auto row_bytes = static_cast<size_t>(2 * p.d_qk);
   for (int64_t r = 0; r < width; ++r) {
     bf16* dst = s.keys + r * p.d_qk;
+    if (kc + kTileChunk + r < k1)
+      prefetch_l2(src.address(kc + kTileChunk + r), src.bytes(2 * p.d_qk));
     if (r < n) {
       const bf16* row = src.row(kc + r, dst);
       if (row != dst) copy_row<V>(row, row_bytes, dst);
@@ -599,12 +602,10 @@ void attend_tiles(const Problem& p, const Source& src, int64_t k0, int64_t k1, S
                   State& st) {
   using V = tile::vector_isa_t<T>;
   attention_detail::TileUnitOf<T> unit;
-  const auto prefetch_chunk = [&](int64_t kc) { prefetch_keys(p, src, kc, kTileChunk, k1); };
-  prefetch_chunk(k0);
+  prefetch_keys(p, src, k0, kTileChunk, k1);  // later chunks: one row per row gathered
   for (int64_t kc = k0; kc < k1; kc += kTileChunk) {
     const int64_t n = std::min(kTileChunk, k1 - kc), width = round_up(n, 32);
-    prefetch_chunk(kc + kTileChunk);
-    attention_detail::gather_chunk<V>(p, src, kc, n, width, s);
+    attention_detail::gather_chunk<V>(p, src, kc, n, width, k1, s);
     attention_detail::tile_scores<T>(unit, p, width, s);
     attention_detail::softmax_chunk<V>(p, kc, n, width, s, st);
     attention_detail::tile_pv<T>(unit, p, width, s, st);
