@@ -21,6 +21,7 @@
 #include <dsk/kernels/tile/convert.hpp>
 #include <dsk/kernels/tile/dot.hpp>
 #include <dsk/kernels/tile/pack.hpp>
+#include <dsk/kernels/tile/prefetch.hpp>
 
 DSK_SILENCE_GCC_BUG_105593_BEGIN  // see dsk/kernels/abi.hpp
 
@@ -303,13 +304,6 @@ inline int64_t paged_item_len(const MqaPagedArgs& a, int64_t b) {
   return n;
 }
 
-// Fetches cache block `id` towards L2 while the one before it is computed: blocks sit anywhere in
-// the cache, so the hardware prefetchers would meet each one cold.
-inline void prefetch_paged_block(const MqaPagedArgs& pa, int32_t id) {
-  const uint8_t* block = pa.kv_cache + id * pa.block_bytes;
-  for (int64_t off = 0; off < pa.block_bytes; off += 64) __builtin_prefetch(block + off, 0, 2);
-}
-
 // The logits of batch item b (its query rows already in s.q) against its cache blocks
 // [blk0, blk1), on one tile unit for the run (a block is only 64 x 64 x D of products).
 // panel: kMqaPanel * d bf16 of scratch, each panel of a block widened into it in VNNI form.
@@ -321,7 +315,10 @@ void mqa_paged_blocks(const MqaPagedArgs& pa, const MqaArgs& a, int64_t b, int64
   const int32_t* ids = pa.block_table + b * pa.bt_stride;
   const int64_t i0 = b * pa.next_n;
   for (int64_t blk = blk0; blk < blk1; ++blk) {
-    if (blk + 1 < blk1) prefetch_paged_block(pa, ids[blk + 1]);
+    // The next block towards L2 while this one is computed: blocks sit anywhere in the cache, so
+    // the hardware prefetchers would meet each one cold.
+    if (blk + 1 < blk1)
+      tile::prefetch_l2(pa.kv_cache + ids[blk + 1] * pa.block_bytes, pa.block_bytes);
     const uint8_t* block = pa.kv_cache + ids[blk] * pa.block_bytes;
     const auto* codes = reinterpret_cast<const e4m3*>(block + mla::indexer_codes_offset(0, a.d));
     for (int64_t c0 = 0; c0 < pa.block_kv; c0 += kMqaPanel) {

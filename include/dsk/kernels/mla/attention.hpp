@@ -30,6 +30,7 @@
 #include <dsk/kernels/tile/block.hpp>
 #include <dsk/kernels/tile/dot.hpp>
 #include <dsk/kernels/tile/pack.hpp>
+#include <dsk/kernels/tile/prefetch.hpp>
 #include <dsk/kernels/tk/math.hpp>
 #include <dsk/kernels/tk/simd.hpp>
 
@@ -170,17 +171,12 @@ inline int64_t state_floats(const Problem& p) {
 // the next chunk's keys are prefetched into L2 while the current one is computed, because the
 // gathered rows are scattered and the hardware prefetcher cannot follow them.
 
-inline void prefetch_l2(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 2);
-}
-
 // Keys [kc, min(kc + chunk, k1)) of an item's list into L2: the next chunk's keys, fetched while
 // the current one is computed.
 template <class Source>
 void prefetch_keys(const Problem& p, const Source& src, int64_t kc, int64_t chunk, int64_t k1) {
   for (int64_t k = kc; k < std::min(kc + chunk, k1); ++k)
-    prefetch_l2(src.address(k), src.bytes(2 * p.d_qk));
+    tile::prefetch_l2(src.address(k), src.bytes(2 * p.d_qk));
 }
 
 // Sparse prefill: rows of a bf16 kv [s_kv, d_qk] (row stride `stride`), by compacted index.
@@ -473,7 +469,7 @@ void gather_chunk(const Problem& p, const Source& src, int64_t kc, int64_t n, in
   for (int64_t r = 0; r < width; ++r) {
     bf16* dst = s.keys + r * p.d_qk;
     if (kc + kTileChunk + r < k1)
-      prefetch_l2(src.address(kc + kTileChunk + r), src.bytes(2 * p.d_qk));
+      tile::prefetch_l2(src.address(kc + kTileChunk + r), src.bytes(2 * p.d_qk));
     if (r < n) {
       const bf16* row = src.row(kc + r, dst);
       if (row != dst) copy_row<V>(row, row_bytes, dst);

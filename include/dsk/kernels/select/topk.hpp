@@ -21,6 +21,7 @@
 
 #include <dsk/kernels/numeric.hpp>
 #include <dsk/kernels/tile/isa.hpp>
+#include <dsk/kernels/tile/prefetch.hpp>
 
 #if DSK_TILE_HAS_AVX512
 #include <immintrin.h>
@@ -496,9 +497,7 @@ inline int64_t visiting_stride(int64_t blocks, const Threshold& start) {
 // Prefetches the cache lines of x[j0, j1) into L2.
 template <class T>
 inline void prefetch_range(const T* x, int64_t j0, int64_t j1) {
-  const char* p = reinterpret_cast<const char*>(x + j0);
-  const char* e = reinterpret_cast<const char*>(x + j1);
-  for (; p < e; p += 64) __builtin_prefetch(p, 0, 2);
+  tile::prefetch_l2(x + j0, (j1 - j0) * static_cast<int64_t>(sizeof(T)));
 }
 
 // Appends the candidates of x[j0, j1) that `t` admits; returns how many.
