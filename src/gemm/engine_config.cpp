@@ -32,7 +32,7 @@ constexpr int kSmallBlockK = 256;  // with several row groups, a pass is re-read
 // amx: each 32 x 32 block reloads and stores its four C tiles once per pass, and an FP8 panel is
 // widened once per pass for every block of rows, so longer passes over more rows pay off (A/B on
 // the AMX VM, 2 threads, M = 4096: 1.04-1.47x over 96 x 256 x 256 on five upstream shapes).
-constexpr int kAmxBlockM = 192;     // 6 row tiles
+constexpr int kAmxBlockM = 384;     // 12 row tiles
 constexpr int kAmxBlockN = 512;     // 8 panels
 constexpr int kAmxBlockK = 512;     // A block 192 KiB and C block 384 KiB: L2
 constexpr int kItemsPerThread = 4;  // work items per thread: balance without tiny items

@@ -4,6 +4,8 @@
 #include "common/test_util.hpp"
 #include "tile/tile_test.hpp"
 
+#include <dsk/kernels/tile/prefetch.hpp>
+
 namespace dsk::tile_test {
 
 const char* int8_kind_name(Int8Kind kind) {
@@ -100,3 +102,19 @@ std::vector<float> random_floats(size_t n, uint32_t seed, bool with_denormals) {
 }
 
 }  // namespace dsk::tile_test
+
+// PrefetchFeed hands out each line of its rows once, in order, and then nothing.
+TEST(TilePrefetchFeed, WalksEveryLineOfTheRowsOnce) {
+  alignas(64) static std::byte rows[3 * 256];
+  dsk::tile::PrefetchFeed feed{.base = rows, .row_stride = 256, .row_bytes = 100, .rows = 3};
+  EXPECT_EQ(feed.lines_left(), 6);  // two lines per row of 100 bytes
+  feed.feed(3);
+  EXPECT_EQ(feed.lines_left(), 3);
+  EXPECT_EQ(feed.row, 1);
+  EXPECT_EQ(feed.offset, 64);
+  feed.feed(10);
+  EXPECT_EQ(feed.lines_left(), 0);
+  feed.feed(1);
+  EXPECT_EQ(feed.row, 3);
+  EXPECT_EQ(dsk::tile::PrefetchFeed{}.lines_left(), 0);
+}

@@ -17,6 +17,7 @@
 #include <dsk/kernels/gemm/widen.hpp>
 #include <dsk/kernels/tile/block.hpp>
 #include <dsk/kernels/tile/dot.hpp>
+#include <dsk/kernels/tile/prefetch.hpp>
 #include <dsk/kernels/tile/unit.hpp>
 
 namespace dsk::kernels::gemm {
@@ -26,35 +27,36 @@ inline namespace DSK_TILE_ABI {
 inline constexpr int kDotTileRows = 6;
 
 // What one pass over a block reads: the A rows (bf16, row stride lda elements) and the B rows of
-// one panel (bf16 pairs, kPanelRowBf16 elements per row), both starting at the pass's first K.
+// one panel (bf16 pairs, kPanelRowBf16 of them at row stride ldb), both from the pass's first K.
 struct PassOperands {
   const bf16* a = nullptr;
   int64_t lda = 0;
   const bf16* b = nullptr;
+  int64_t ldb = 0;
 };
 
 namespace large_m_detail {
 
 // c (R x 64, row stride ldc) = (first ? 0 : c) + the pass's `steps` pairs of K.
 template <tile::Isa I, int R>
-void dot_pass(const bf16* a, int64_t lda, const bf16* b, int64_t steps, float* c, int64_t ldc,
-              bool first) {
+void dot_pass(const bf16* a, int64_t lda, const bf16* b, int64_t ldb, int64_t steps, float* c,
+              int64_t ldc, bool first) {
   tile::DotTile<I, R, 4> t;
   if (first)
     tile::dot_zero(t);
   else
     tile::dot_load(t, c, ldc);
-  tile::dot_steps(t, a, lda, b, kPanelRowBf16, steps);
+  tile::dot_steps(t, a, lda, b, ldb, steps);
   tile::dot_store(t, c, ldc);
 }
 
 // c += the `steps` pairs of K summed from zero, times row_scale[r] * col_scale[j].
 template <tile::Isa I, int R>
-void dot_promote_pass(const bf16* a, int64_t lda, const bf16* b, int64_t steps, float* c,
-                      int64_t ldc, const float* row_scale, const float* col_scale) {
+void dot_promote_pass(const bf16* a, int64_t lda, const bf16* b, int64_t ldb, int64_t steps,
+                      float* c, int64_t ldc, const float* row_scale, const float* col_scale) {
   tile::DotTile<I, R, 4> t;
   tile::dot_zero(t);
-  tile::dot_steps(t, a, lda, b, kPanelRowBf16, steps);
+  tile::dot_steps(t, a, lda, b, ldb, steps);
   tile::dot_promote(t, c, ldc, row_scale, col_scale);
 }
 
@@ -63,8 +65,8 @@ template <tile::Isa I>
 void dot_row_tile(const Problem& p, const GemmSegment& s, const ScaleModes& modes,
                   const PassOperands& op, int64_t row0, int rows, int64_t panel, int64_t k0,
                   int64_t kc, float* c, int64_t ldc) {
-  using Pass = void (*)(const bf16*, int64_t, const bf16*, int64_t, float*, int64_t, bool);
-  using PromotePass = void (*)(const bf16*, int64_t, const bf16*, int64_t, float*, int64_t,
+  using Pass = void (*)(const bf16*, int64_t, const bf16*, int64_t, int64_t, float*, int64_t, bool);
+  using PromotePass = void (*)(const bf16*, int64_t, const bf16*, int64_t, int64_t, float*, int64_t,
                                const float*, const float*);
   static constexpr Pass kPass[] = {dot_pass<I, 1>, dot_pass<I, 2>, dot_pass<I, 3>,
                                    dot_pass<I, 4>, dot_pass<I, 5>, dot_pass<I, 6>};
@@ -72,7 +74,7 @@ void dot_row_tile(const Problem& p, const GemmSegment& s, const ScaleModes& mode
                                              dot_promote_pass<I, 3>, dot_promote_pass<I, 4>,
                                              dot_promote_pass<I, 5>, dot_promote_pass<I, 6>};
   if (modes.gran == 0) {
-    kPass[rows - 1](op.a, op.lda, op.b, (kc + 1) / 2, c, ldc, k0 == 0);
+    kPass[rows - 1](op.a, op.lda, op.b, op.ldb, (kc + 1) / 2, c, ldc, k0 == 0);
     return;
   }
   for (int64_t g = 0; g < kc; g += modes.gran) {
@@ -80,7 +82,7 @@ void dot_row_tile(const Problem& p, const GemmSegment& s, const ScaleModes& mode
     promotion_row_scales(modes, s, row0, rows, k0 + g, row_scale);
     const float* col_scale = promotion_col_scales(modes, p, s, panel, k0 + g);
     const int64_t steps = (std::min(modes.gran, kc - g) + 1) / 2;
-    kPromote[rows - 1](op.a + g, op.lda, op.b + g / 2 * kPanelRowBf16, steps, c, ldc, row_scale,
+    kPromote[rows - 1](op.a + g, op.lda, op.b + g / 2 * op.ldb, op.ldb, steps, c, ldc, row_scale,
                        col_scale);
   }
 }
@@ -109,33 +111,42 @@ void tile_promote(const float* t, int rows, float* c, int64_t ldc, const float* 
   }
 }
 
-// The 32 x 32 block at c, or its top 16 rows when `half` (the other rows would only pad).
+// The 32 x 32 block at c, or its top 16 rows when `half` (the other rows would only pad). A is
+// streamed past the B tiles, which stay in L1 for the next row tile.
 template <tile::Isa T>
 void mma_rows(typename tile::BlockRegs<T>::Unit& u, bool half, const bf16* a, int64_t lda,
-              const bf16* b, int64_t k_pad, float* c, int64_t ldc, bool load_c) {
+              const bf16* b, int64_t ldb, int64_t k_pad, float* c, int64_t ldc, bool load_c,
+              tile::PrefetchFeed& next, int lines_per_step) {
   if (half)
-    tile::mma_block<T, 16, 32>(u, a, lda, b, kPanelRowBf16, k_pad, c, ldc, load_c);
+    tile::mma_block<T, 16, 32, true>(u, a, lda, b, ldb, k_pad, c, ldc, load_c, &next,
+                                     lines_per_step);
   else
-    tile::mma_block<T, 32, 32>(u, a, lda, b, kPanelRowBf16, k_pad, c, ldc, load_c);
+    tile::mma_block<T, 32, 32, true>(u, a, lda, b, ldb, k_pad, c, ldc, load_c, &next,
+                                     lines_per_step);
 }
 
 // Every 32-row tile of one panel over the pass (A and C padded with zero rows to whole tiles; a
-// last tile of at most 16 rows computes only those: decode batches are that small).
+// last tile of at most 16 rows computes only those: decode batches are that small). Column halves
+// outside, row tiles inside: one half of the pass's B (32 KiB at block_k 512) is read from L1 by
+// every row tile while A streams from L2.
 template <tile::Isa T>
 void tile_panel_pass(typename tile::BlockRegs<T>::Unit& u, const Problem& p, const GemmSegment& s,
                      const ScaleModes& modes, const PassOperands& op, int64_t row0, int64_t rows,
                      int64_t panel, int64_t k0, int64_t kc, float* c, int64_t ldc,
-                     float* tile_buffer) {
+                     float* tile_buffer, tile::PrefetchFeed& next) {
   const int64_t kc_pad = round_up(kc, 32);
-  for (int64_t r = 0; r < rows; r += 32) {
-    const int tile_rows = static_cast<int>(std::min<int64_t>(32, rows - r));
-    const bool half_rows = tile_rows <= 16;
-    for (int half = 0; half < 2; ++half) {
+  const int lines_per_step =
+      static_cast<int>(ceil_div(next.lines_left(), 2 * ceil_div(rows, 32) * kc_pad / 32));
+  for (int half = 0; half < 2; ++half) {
+    for (int64_t r = 0; r < rows; r += 32) {
+      const int tile_rows = static_cast<int>(std::min<int64_t>(32, rows - r));
+      const bool half_rows = tile_rows <= 16;
       const bf16* a = op.a + r * op.lda;
       const bf16* b = op.b + 2 * 32 * half;  // columns [32 half, 32 half + 32): bf16 pairs
       float* block = c + r * ldc + 32 * half;
       if (modes.gran == 0) {
-        mma_rows<T>(u, half_rows, a, op.lda, b, kc_pad, block, ldc, k0 != 0);
+        mma_rows<T>(u, half_rows, a, op.lda, b, op.ldb, kc_pad, block, ldc, k0 != 0, next,
+                    lines_per_step);
         continue;
       }
       for (int64_t g = 0; g < kc; g += modes.gran) {
@@ -143,12 +154,29 @@ void tile_panel_pass(typename tile::BlockRegs<T>::Unit& u, const Problem& p, con
         std::fill(row_scale, row_scale + 32, 1.0f);
         promotion_row_scales(modes, s, row0 + r, tile_rows, k0 + g, row_scale);
         const float* col_scale = promotion_col_scales(modes, p, s, panel, k0 + g) + 32 * half;
-        mma_rows<T>(u, half_rows, a + g, op.lda, b + g / 2 * kPanelRowBf16,
-                    round_up(std::min(modes.gran, kc - g), 32), tile_buffer, 32, false);
+        mma_rows<T>(u, half_rows, a + g, op.lda, b + g / 2 * op.ldb, op.ldb,
+                    round_up(std::min(modes.gran, kc - g), 32), tile_buffer, 32, false, next,
+                    lines_per_step);
         tile_promote<T>(tile_buffer, half_rows ? 16 : 32, block, ldc, row_scale, col_scale);
       }
     }
   }
+}
+
+// The packed rows of B the item widens after those of (panel, k0): the next panel of the pass, or
+// the first panel of the next pass. The tile loop prefetches them (B is read from L3 or DRAM
+// once per item and pass, and widening it would otherwise wait on every line).
+inline tile::PrefetchFeed next_panel_rows(const Problem& p, const GemmSegment& s,
+                                          const GemmItem& item, int64_t panel, int64_t k0) {
+  int64_t next = panel + 1, k0_next = k0;
+  if (next == item.p1) next = item.p0, k0_next = k0 + p.block_k;
+  if (k0_next >= p.b.k) return {};
+  const int64_t k2 = k0_next / 2;
+  const int64_t k2_end = k2 + round_up(std::min(p.block_k, p.b.k - k0_next), kPanelKAlign) / 2;
+  return {.base = panel_data(s.b, p.b, next) + k2 * p.b.row_bytes,
+          .row_stride = p.b.row_bytes,
+          .row_bytes = (k2_end - k2) * p.b.row_bytes,
+          .rows = 1};
 }
 
 }  // namespace large_m_detail
@@ -160,8 +188,8 @@ void large_m_item(const Problem& p, const GemmSegment& s, const GemmItem& item,
                   std::byte* scratch) {
   constexpr bool kAmx = kTiles;
   const int64_t rows = item.m1 - item.m0, panels = item.p1 - item.p0;
-  const int64_t rows_pad = round_up(rows, kTileRows), ldc = panels * kPanelCols;
   const ScratchPlan plan = scratch_plan(Path::large_m, rows, panels, p.block_k, p.b.k_pad);
+  const int64_t rows_pad = round_up(rows, kTileRows), ldc = plan.c_cols;
   auto* c = reinterpret_cast<float*>(scratch + plan.c);
   auto* a_block = reinterpret_cast<bf16*>(scratch + plan.a);
   auto* b_block = reinterpret_cast<bf16*>(scratch + plan.b);
@@ -188,17 +216,20 @@ void large_m_item(const Problem& p, const GemmSegment& s, const GemmItem& item,
     }
     for (int64_t panel = item.p0; panel < item.p1; ++panel) {
       const int64_t k2 = k0 / 2, k2_end = k2 + (kAmx ? kc_pad : kc + 1) / 2;
-      if (p.b.type == Elem::bf16) {
+      if (p.b.type == Elem::bf16 && !kAmx) {
         op.b = reinterpret_cast<const bf16*>(panel_data(s.b, p.b, panel) + k2 * p.b.row_bytes);
-      } else {
-        widen_panel_rows<I>(p.b, s.b, panel, k2, k2_end, modes.fold_b, b_block);
+        op.ldb = kPanelRowBf16;
+      } else {  // amx: bf16 too, into rows that do not share L1 sets (scratch_plan)
+        widen_panel_rows<I>(p.b, s.b, panel, k2, k2_end, modes.fold_b, b_block, plan.b_cols);
         op.b = b_block;
+        op.ldb = plan.b_cols;
       }
       float* c_panel = c + (panel - item.p0) * kPanelCols;
       if constexpr (kAmx) {
+        tile::PrefetchFeed next = large_m_detail::next_panel_rows(p, s, item, panel, k0);
         large_m_detail::tile_panel_pass<I>(unit, p, s, modes, op, item.m0, rows, panel, k0, kc,
                                            c_panel, ldc,
-                                           reinterpret_cast<float*>(scratch + plan.tile));
+                                           reinterpret_cast<float*>(scratch + plan.tile), next);
       } else {
         for (int64_t r = 0; r < rows; r += kDotTileRows) {
           const int tile_rows = static_cast<int>(std::min<int64_t>(kDotTileRows, rows - r));
@@ -211,7 +242,7 @@ void large_m_item(const Problem& p, const GemmSegment& s, const GemmItem& item,
     }
   }
   const int64_t col0 = item.p0 * int64_t{kPanelCols};
-  const int cols = static_cast<int>(std::min(ldc, p.b.n - col0));
+  const int cols = static_cast<int>(std::min(panels * kPanelCols, p.b.n - col0));
   store_output<I>(p, s, item.m0, static_cast<int>(rows), col0, cols, c, ldc,
                   reinterpret_cast<float*>(scratch + plan.row));
 }

@@ -151,11 +151,11 @@ inline void widen_row(Elem type, const std::byte* row, tile::DotPairs<I> (&out)[
   widen_cols<I, 4>(type, row, 0, out);
 }
 
-// Rows [k2_begin, k2_end) of panel `panel` widened to bf16 pairs at dst (kPanelRowBf16 elements per
-// row), with the panel's scales folded in when `fold`.
+// Rows [k2_begin, k2_end) of panel `panel` widened to bf16 pairs at dst (kPanelRowBf16 elements of
+// each row at dst + i * ld_dst), with the panel's scales folded in when `fold`.
 template <tile::Isa I>
 void widen_panel_rows(const PackedLayout& l, const std::byte* base, int64_t panel, int64_t k2_begin,
-                      int64_t k2_end, bool fold, bf16* dst) {
+                      int64_t k2_end, bool fold, bf16* dst, int64_t ld_dst) {
   const std::byte* data = panel_data(base, l, panel);
   const int64_t rows_per_block = fold ? l.scale_gran_k / 2 : layout_rows(l);
   for (int64_t k2 = k2_begin; k2 < k2_end;) {
@@ -168,7 +168,7 @@ void widen_panel_rows(const PackedLayout& l, const std::byte* base, int64_t pane
     for (; k2 < block_end; ++k2) {
       tile::DotPairs<I> v[4];
       widen_row<I>(l.type, data + k2 * l.row_bytes, v);
-      bf16* out = dst + (k2 - k2_begin) * kPanelRowBf16;
+      bf16* out = dst + (k2 - k2_begin) * ld_dst;
       for (int j = 0; j < 4; ++j) {
         if (fold) v[j] = apply_fold<I>(v[j], shift[j]);
         if constexpr (widen_detail::use_avx512<I>) {

@@ -71,6 +71,15 @@ struct TileOps<amx_t> {
                  : "memory");
   }
 
+  // load, with the hint that the rows will not be read again soon (TILELOADDT1).
+  template <TileRegister R>
+  static void load_once(State&, const void* src, int64_t stride) {
+    asm volatile("{tileloaddt1 (%0,%1,1), %%tmm%c2|tileloaddt1 tmm%c2, [%0+%1*1]}"
+                 :
+                 : "r"(src), "r"(stride), "i"(R::id)
+                 : "memory");
+  }
+
   template <TileRegister R>
   static void store(const State&, void* dst, int64_t stride) {
     asm volatile("{tilestored %%tmm%c2, (%0,%1,1)|tilestored [%0+%1*1], tmm%c2}"

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include <dsk/kernels/tile/prefetch.hpp>
 #include <dsk/kernels/tile/types.hpp>
 #include <dsk/kernels/tile/unit.hpp>
 
@@ -31,9 +32,12 @@ struct BlockRegs {
 // C (Rows x Cols at c, row stride ldc floats) = (load_c ? C : 0) + A . B over k_pad values (a
 // multiple of 32): A row r at a + r * lda (bf16), B row g at b + g * ldb (bf16, ldb >= 2 Cols).
 // Steps run in K order, so the bits depend only on the operands (the unit's numerics contract).
-template <Isa T, int Rows, int Cols>
+// kStreamA: A's tiles are loaded with the hint that they are not read again soon (load_once), for
+// loops that run many row blocks past one B kept in L1.
+template <Isa T, int Rows, int Cols, bool kStreamA = false>
 void mma_block(typename BlockRegs<T>::Unit& u, const bf16* a, int64_t lda, const bf16* b,
-               int64_t ldb, int64_t k_pad, float* c, int64_t ldc, bool load_c) {
+               int64_t ldb, int64_t k_pad, float* c, int64_t ldc, bool load_c,
+               PrefetchFeed* feed = nullptr, int lines_per_step = 0) {
   static_assert((Rows == 16 || Rows == 32) && (Cols == 16 || Cols == 32));
   using R = BlockRegs<T>;
   constexpr bool kTwoRows = Rows == 32, kTwoCols = Cols == 32;
@@ -52,8 +56,14 @@ void mma_block(typename BlockRegs<T>::Unit& u, const bf16* a, int64_t lda, const
   }
   for (int64_t kk = 0; kk < k_pad; kk += 32) {
     const bf16* b_rows = b + kk / 2 * ldb;
-    u.load(typename R::A0{}, a + kk, a_stride);
-    if constexpr (kTwoRows) u.load(typename R::A1{}, a + 16 * lda + kk, a_stride);
+    if (feed) feed->feed(lines_per_step);
+    if constexpr (kStreamA) {
+      u.load_once(typename R::A0{}, a + kk, a_stride);
+      if constexpr (kTwoRows) u.load_once(typename R::A1{}, a + 16 * lda + kk, a_stride);
+    } else {
+      u.load(typename R::A0{}, a + kk, a_stride);
+      if constexpr (kTwoRows) u.load(typename R::A1{}, a + 16 * lda + kk, a_stride);
+    }
     u.load(typename R::B0{}, b_rows, b_stride);
     if constexpr (kTwoCols) u.load(typename R::B1{}, b_rows + 32, b_stride);
     u.mma(typename R::C00{}, typename R::A0{}, typename R::B0{});

@@ -21,7 +21,7 @@
 //   using B = TileB<2, bf16, 32, 16>;
 //   TileUnit<Isa, C, A, B> unit;     // contents are unspecified until zeroed or loaded
 //   unit.zero(C{});
-//   unit.load(A{}, a, lda_bytes);  unit.load(B{}, b_vnni, ldb_bytes);
+//   unit.load(A{}, a, lda_bytes);  unit.load(B{}, b_vnni, ldb_bytes);  // or load_once (a hint)
 //   unit.mma(C{}, A{}, B{});
 //   unit.store(C{}, c, ldc_bytes);
 // Strides are in bytes and may be any value (odd, negative); a load reads and a store writes
@@ -82,6 +82,17 @@ class TileUnit {
   requires detail::one_of<R, Regs...>
   void load(R, const void* src, int64_t stride_bytes) {
     Ops::template load<R>(state_, src, stride_bytes);
+  }
+
+  // load, with the hint that these rows will not be read again soon (TILELOADDT1 on amx, a plain
+  // load elsewhere): a streamed operand then leaves the L1 lines to the operand that is reused.
+  template <TileRegister R>
+  requires detail::one_of<R, Regs...>
+  void load_once(R r, const void* src, int64_t stride_bytes) {
+    if constexpr (std::same_as<I, amx_t>)
+      Ops::template load_once<R>(state_, src, stride_bytes);
+    else
+      load(r, src, stride_bytes);
   }
 
   // The Rows x Cols elements at dst, row r at dst + r * stride_bytes, = R.
