@@ -25,6 +25,11 @@ inline namespace DSK_TILE_ABI {
 
 // Rows of a DotTile row tile: 24 accumulators + 4 B vectors + 1 A broadcast of 32 zmm.
 inline constexpr int kDotTileRows = 6;
+// amx: items of at least this many rows copy bf16 panels too (fewer row tiles would not repay
+// the copy), and at most this many lines of the next panel are prefetched per tile step (more
+// stall the loads of the step; a few rows stream the weights faster than the prefetches help).
+inline constexpr int kCopyPanelRows = 128;
+inline constexpr int kMaxPrefetchPerStep = 4;
 
 // What one pass over a block reads: the A rows (bf16, row stride lda elements) and the B rows of
 // one panel (bf16 pairs, kPanelRowBf16 of them at row stride ldb), both from the pass's first K.
@@ -135,8 +140,8 @@ void tile_panel_pass(typename tile::BlockRegs<T>::Unit& u, const Problem& p, con
                      int64_t panel, int64_t k0, int64_t kc, float* c, int64_t ldc,
                      float* tile_buffer, tile::PrefetchFeed& next) {
   const int64_t kc_pad = round_up(kc, 32);
-  const int lines_per_step =
-      static_cast<int>(ceil_div(next.lines_left(), 2 * ceil_div(rows, 32) * kc_pad / 32));
+  const int lines_per_step = static_cast<int>(std::min<int64_t>(
+      kMaxPrefetchPerStep, ceil_div(next.lines_left(), 2 * ceil_div(rows, 32) * kc_pad / 32)));
   for (int half = 0; half < 2; ++half) {
     for (int64_t r = 0; r < rows; r += 32) {
       const int tile_rows = static_cast<int>(std::min<int64_t>(32, rows - r));
@@ -216,10 +221,12 @@ void large_m_item(const Problem& p, const GemmSegment& s, const GemmItem& item,
     }
     for (int64_t panel = item.p0; panel < item.p1; ++panel) {
       const int64_t k2 = k0 / 2, k2_end = k2 + (kAmx ? kc_pad : kc + 1) / 2;
-      if (p.b.type == Elem::bf16 && !kAmx) {
+      // amx with more than a few row tiles: bf16 too is copied, into rows that do not share L1
+      // sets (scratch_plan), since every row tile reads the pass's B from L1.
+      if (p.b.type == Elem::bf16 && (!kAmx || rows < kCopyPanelRows)) {
         op.b = reinterpret_cast<const bf16*>(panel_data(s.b, p.b, panel) + k2 * p.b.row_bytes);
         op.ldb = kPanelRowBf16;
-      } else {  // amx: bf16 too, into rows that do not share L1 sets (scratch_plan)
+      } else {
         widen_panel_rows<I>(p.b, s.b, panel, k2, k2_end, modes.fold_b, b_block, plan.b_cols);
         op.b = b_block;
         op.ldb = plan.b_cols;
