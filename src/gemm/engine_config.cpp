@@ -29,12 +29,14 @@ constexpr int kLargeBlockM = 96;   // 16 DotTile row tiles (avx512, generic)
 constexpr int kLargeBlockN = 256;  // 4 panels: A block reused 4 times per widening
 constexpr int kLargeBlockK = 256;  // 32 KiB of bf16 panel rows: one pass of B stays in L1
 constexpr int kSmallBlockK = 256;  // with several row groups, a pass is re-read from L1
-// amx: each 32 x 32 block reloads and stores its four C tiles once per pass, and an FP8 panel is
-// widened once per pass for every block of rows, so longer passes over more rows pay off (A/B on
-// the AMX VM, 2 threads, M = 4096: 1.04-1.47x over 96 x 256 x 256 on five upstream shapes).
+// amx: each 32 x 32 block reloads and stores its four C tiles once per pass, and a panel is
+// widened (or copied) once per pass for every block of rows, which then reads it from L1, so long
+// passes over many rows pay off. A/B on the AMX VM, M = 4096: 96 x 256 x 256 -> 192 x 512 x 512
+// 1.04-1.47x (2 threads, five upstream shapes); 192 -> 384 rows 1.07-1.15x (BF16, one thread);
+// 512 -> 256 columns 0.92x.
 constexpr int kAmxBlockM = 384;     // 12 row tiles
 constexpr int kAmxBlockN = 512;     // 8 panels
-constexpr int kAmxBlockK = 512;     // A block 192 KiB and C block 384 KiB: L2
+constexpr int kAmxBlockK = 512;     // A block 408 KiB, C block 792 KiB: L2; half a B pass: L1
 constexpr int kItemsPerThread = 4;  // work items per thread: balance without tiny items
 
 int64_t panels_of(int64_t n) {
