@@ -124,7 +124,7 @@ constexpr ScratchPlan scratch_plan(Path path, int64_t rows, int64_t panels, int6
   s.a = take(rows_pad * s.a_cols * 2);
   s.b = take(kc_pad / 2 * s.b_cols * 2);
   s.row = take(panels * kPanelCols * 4);
-  s.tile = take(kTileRows * kTileRows * 4);
+  s.tile = take(2 * kTileRows * kTileRows * 4);  // two 32 x 32 f32 blocks (promotion)
   s.bytes = at;
   return s;
 }
