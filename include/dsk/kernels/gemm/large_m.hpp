@@ -159,6 +159,7 @@ void tile_panel_pass(typename tile::BlockRegs<T>::Unit& u, const Problem& p, con
       float row_scale[2][32];  // rows past the item are zero rows of A: any finite scale
       const float* col_scale[2] = {};
       const int out_rows = half_rows ? 16 : 32;
+      constexpr int64_t kBuffer = kTileRows * kTileRows;  // floats of one buffer (scratch_plan)
       int64_t i = 0;
       for (int64_t g = 0; g < kc; g += modes.gran, ++i) {
         const int cur = static_cast<int>(i % 2), prev = 1 - cur;
@@ -166,14 +167,14 @@ void tile_panel_pass(typename tile::BlockRegs<T>::Unit& u, const Problem& p, con
         promotion_row_scales(modes, s, row0 + r, tile_rows, k0 + g, row_scale[cur]);
         col_scale[cur] = promotion_col_scales(modes, p, s, panel, k0 + g) + 32 * half;
         mma_rows<T>(u, half_rows, a + g, op.lda, b + g / 2 * op.ldb, op.ldb,
-                    round_up(std::min(modes.gran, kc - g), 32), tile_buffer + cur * 1024, 32, false,
-                    next, lines_per_step);
+                    round_up(std::min(modes.gran, kc - g), 32), tile_buffer + cur * kBuffer, 32,
+                    false, next, lines_per_step);
         if (i > 0)
-          tile_promote<T>(tile_buffer + prev * 1024, out_rows, block, ldc, row_scale[prev],
+          tile_promote<T>(tile_buffer + prev * kBuffer, out_rows, block, ldc, row_scale[prev],
                           col_scale[prev]);
       }
       const int last = static_cast<int>((i - 1) % 2);
-      tile_promote<T>(tile_buffer + last * 1024, out_rows, block, ldc, row_scale[last],
+      tile_promote<T>(tile_buffer + last * kBuffer, out_rows, block, ldc, row_scale[last],
                       col_scale[last]);
     }
   }
