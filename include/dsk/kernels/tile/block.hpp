@@ -33,7 +33,8 @@ struct BlockRegs {
 // multiple of 32): A row r at a + r * lda (bf16), B row g at b + g * ldb (bf16, ldb >= 2 Cols).
 // Steps run in K order, so the bits depend only on the operands (the unit's numerics contract).
 // kStreamA: A's tiles are loaded with the hint that they are not read again soon (load_once), for
-// loops that run many row blocks past one B kept in L1.
+// loops that run many row blocks past one B kept in L1. feed: lines_per_step of its lines are
+// prefetched before each step (the caller's next operands, arriving while this block computes).
 template <Isa T, int Rows, int Cols, bool kStreamA = false>
 void mma_block(typename BlockRegs<T>::Unit& u, const bf16* a, int64_t lda, const bf16* b,
                int64_t ldb, int64_t k_pad, float* c, int64_t ldc, bool load_c,
