@@ -180,6 +180,13 @@ void tile_panel_pass(typename tile::BlockRegs<T>::Unit& u, const Problem& p, con
   }
 }
 
+// The VNNI rows [k0 / 2, end) of B a pass from k0 reads: its K values, rounded up to whole tiles
+// (kPanelKAlign) on the tile path, to whole pairs on the dot path.
+inline int64_t pass_rows_end(const Problem& p, int64_t k0, bool whole_tiles) {
+  const int64_t kc = std::min(p.block_k, p.b.k - k0);
+  return k0 / 2 + (whole_tiles ? round_up(kc, kPanelKAlign) : kc + 1) / 2;
+}
+
 // The packed rows of B the item widens after those of (panel, k0): the next panel of the pass, or
 // the first panel of the next pass. The tile loop prefetches them (B is read from L3 or DRAM
 // once per item and pass, and widening it would otherwise wait on every line).
@@ -188,8 +195,7 @@ inline tile::PrefetchFeed next_panel_rows(const Problem& p, const GemmSegment& s
   int64_t next = panel + 1, k0_next = k0;
   if (next == item.p1) next = item.p0, k0_next = k0 + p.block_k;
   if (k0_next >= p.b.k) return {};
-  const int64_t k2 = k0_next / 2;
-  const int64_t k2_end = k2 + round_up(std::min(p.block_k, p.b.k - k0_next), kPanelKAlign) / 2;
+  const int64_t k2 = k0_next / 2, k2_end = pass_rows_end(p, k0_next, true);
   return {.base = panel_data(s.b, p.b, next) + k2 * p.b.row_bytes,
           .row_stride = p.b.row_bytes,
           .row_bytes = (k2_end - k2) * p.b.row_bytes,
@@ -232,7 +238,7 @@ void large_m_item(const Problem& p, const GemmSegment& s, const GemmItem& item,
       op.lda = plan.a_cols;
     }
     for (int64_t panel = item.p0; panel < item.p1; ++panel) {
-      const int64_t k2 = k0 / 2, k2_end = k2 + (kAmx ? kc_pad : kc + 1) / 2;
+      const int64_t k2 = k0 / 2, k2_end = large_m_detail::pass_rows_end(p, k0, kAmx);
       // amx with more than a few row tiles: bf16 too is copied, into rows that do not share L1
       // sets (scratch_plan), since every row tile reads the pass's B from L1.
       if (p.b.type == Elem::bf16 && (!kAmx || rows < kCopyPanelRows)) {
