@@ -28,6 +28,9 @@ inline constexpr int kDotTileRows = 6;
 // amx: items of at least this many rows copy bf16 panels too (fewer row tiles would not repay
 // the copy), and at most this many lines of the next panel are prefetched per tile step (more
 // stall the loads of the step; a few rows stream the weights faster than the prefetches help).
+// Items of at least this many rows: the next-panel feed of the tile loop (kMaxPrefetchPerStep
+// lines a step, 2 x ceil(rows / 32) x 16 steps a pass) covers a whole 32 KiB FP8 pass.
+inline constexpr int kPrefetchedPanelRows = 128;
 inline constexpr int kCopyPanelRows = 128;
 inline constexpr int kMaxPrefetchPerStep = 4;
 
@@ -245,7 +248,10 @@ void large_m_item(const Problem& p, const GemmSegment& s, const GemmItem& item,
         op.b = reinterpret_cast<const bf16*>(panel_data(s.b, p.b, panel) + k2 * p.b.row_bytes);
         op.ldb = kPanelRowBf16;
       } else {
-        widen_panel_rows<I>(p.b, s.b, panel, k2, k2_end, modes.fold_b, b_block, plan.b_cols);
+        // Items of fewer rows than kPrefetchedPanelRows leave the next-panel feed too few steps to
+        // bring the whole panel in: the widening prefetches its rows itself.
+        widen_panel_rows<I>(p.b, s.b, panel, k2, k2_end, modes.fold_b, b_block, plan.b_cols,
+                            rows < kPrefetchedPanelRows ? k2_end : 0);
         op.b = b_block;
         op.ldb = plan.b_cols;
       }

@@ -151,35 +151,100 @@ inline void widen_row(Elem type, const std::byte* row, tile::DotPairs<I> (&out)[
   widen_cols<I, 4>(type, row, 0, out);
 }
 
+// Rows of packed B a widening loop prefetches ahead of the row it converts (2 to 4 KiB: the
+// rows come from L3 or DRAM, and a panel pass is too short for the hardware prefetchers to help).
+inline constexpr int kWidenPrefetchRows = 16;
+
+namespace widen_detail {
+
+// Row i + kWidenPrefetchRows of `rows` into L1 when it is below prefetch_rows.
+inline void prefetch_row_ahead(const std::byte* rows, int64_t row_bytes, int64_t i,
+                               int64_t prefetch_rows) {
+  if (i + kWidenPrefetchRows >= prefetch_rows) return;
+  const std::byte* ahead = rows + (i + kWidenPrefetchRows) * row_bytes;
+  for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b, 0, 3);
+}
+
+// `count` consecutive e4m3 panel rows widened to dst (row stride ld_dst), each 16-column group j
+// times shift[j] when kFold. One loop per case, with no per-vector branch and nothing kept on the
+// stack: at a few rows per item (routed experts) this loop, not the tiles, bounds the GEMM.
+template <tile::Isa I, bool kFold>
+void widen_e4m3_rows(const std::byte* rows, int64_t row_bytes, int64_t count, int64_t prefetch_rows,
+                     const tile::DotPairs<I> (&shift)[4], bf16* dst, int64_t ld_dst) {
+#if DSK_TILE_HAS_AVX512
+  for (int64_t i = 0; i < count; ++i) {
+    const std::byte* row = rows + i * row_bytes;
+    prefetch_row_ahead(rows, row_bytes, i, prefetch_rows);
+    const tile::Bf16x64 lo = tile::e4m3x64_to_bf16(_mm512_loadu_si512(row));
+    const tile::Bf16x64 hi = tile::e4m3x64_to_bf16(_mm512_loadu_si512(row + 64));
+    __m512i v[4] = {lo.first, lo.second, hi.first, hi.second};
+    bf16* out = dst + i * ld_dst;
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (kFold) v[j] = apply_fold<I>(v[j], shift[j]);
+      _mm512_storeu_si512(out + 32 * j, v[j]);
+    }
+  }
+#else
+  (void)rows, (void)row_bytes, (void)count, (void)prefetch_rows, (void)shift, (void)dst,
+      (void)ld_dst;
+#endif
+}
+
+// `count` consecutive panel rows of any type widened to dst (row stride ld_dst), folded by shift
+// when `fold`; rows up to prefetch_rows (>= count) may be prefetched.
+template <tile::Isa I>
+void widen_rows(Elem type, const std::byte* rows, int64_t row_bytes, int64_t count,
+                int64_t prefetch_rows, bool fold, const tile::DotPairs<I> (&shift)[4], bf16* dst,
+                int64_t ld_dst) {
+  if constexpr (use_avx512<I>) {
+    if (type == Elem::e4m3) {
+      if (fold)
+        widen_e4m3_rows<I, true>(rows, row_bytes, count, prefetch_rows, shift, dst, ld_dst);
+      else
+        widen_e4m3_rows<I, false>(rows, row_bytes, count, prefetch_rows, shift, dst, ld_dst);
+      return;
+    }
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    if constexpr (use_avx512<I>) prefetch_row_ahead(rows, row_bytes, i, prefetch_rows);
+    tile::DotPairs<I> v[4];
+    widen_row<I>(type, rows + i * row_bytes, v);
+    bf16* out = dst + i * ld_dst;
+    for (int j = 0; j < 4; ++j) {
+      if (fold) v[j] = apply_fold<I>(v[j], shift[j]);
+      if constexpr (use_avx512<I>) {
+#if DSK_TILE_HAS_AVX512
+        _mm512_storeu_si512(out + 32 * j, v[j]);
+#endif
+      } else {
+        std::memcpy(out + 32 * j, v[j].lane, sizeof v[j].lane);
+      }
+    }
+  }
+}
+
+}  // namespace widen_detail
+
 // Rows [k2_begin, k2_end) of panel `panel` widened to bf16 pairs at dst (kPanelRowBf16 elements of
-// each row at dst + i * ld_dst), with the panel's scales folded in when `fold`.
+// each row at dst + i * ld_dst), with the panel's scales folded in when `fold`. Rows below
+// prefetch_end (none by default) are prefetched ahead of the conversion.
 template <tile::Isa I>
 void widen_panel_rows(const PackedLayout& l, const std::byte* base, int64_t panel, int64_t k2_begin,
-                      int64_t k2_end, bool fold, bf16* dst, int64_t ld_dst) {
+                      int64_t k2_end, bool fold, bf16* dst, int64_t ld_dst,
+                      int64_t prefetch_end = 0) {
   const std::byte* data = panel_data(base, l, panel);
   const int64_t rows_per_block = fold ? l.scale_gran_k / 2 : layout_rows(l);
   for (int64_t k2 = k2_begin; k2 < k2_end;) {
     const int64_t block_end = std::min(k2_end, (k2 / rows_per_block + 1) * rows_per_block);
-    tile::DotPairs<I> shift[4];
+    tile::DotPairs<I> shift[4]{};
     if (fold) {
       const float* scales = panel_scales(base, l, panel, k2 / rows_per_block);
       for (int j = 0; j < 4; ++j) shift[j] = fold_shift<I>(scales + 16 * j);
     }
-    for (; k2 < block_end; ++k2) {
-      tile::DotPairs<I> v[4];
-      widen_row<I>(l.type, data + k2 * l.row_bytes, v);
-      bf16* out = dst + (k2 - k2_begin) * ld_dst;
-      for (int j = 0; j < 4; ++j) {
-        if (fold) v[j] = apply_fold<I>(v[j], shift[j]);
-        if constexpr (widen_detail::use_avx512<I>) {
-#if DSK_TILE_HAS_AVX512
-          _mm512_storeu_si512(out + 32 * j, v[j]);
-#endif
-        } else {
-          std::memcpy(out + 32 * j, v[j].lane, sizeof v[j].lane);
-        }
-      }
-    }
+    widen_detail::widen_rows<I>(l.type, data + k2 * l.row_bytes, l.row_bytes, block_end - k2,
+                                std::max<int64_t>(prefetch_end - k2, 0), fold, shift,
+                                dst + (k2 - k2_begin) * ld_dst, ld_dst);
+    k2 = block_end;
   }
 }
 
