@@ -34,7 +34,9 @@ namespace {
 
 // One preset's runs: decode steps at a context of [context, context + drift) cached tokens (the
 // sequence is rebuilt, untimed, when it reaches the end of that window: the cache cannot be cut
-// back), and a prefill of prefill_tokens in chunks of chunk_tokens (the Model's max_batch_tokens).
+// back), and a prefill of prefill_tokens in chunks of chunk_tokens (the Model's max_batch_tokens;
+// --prefill-chunk overrides it). v32 prefills its 2048 tokens in one step by default: in chunks
+// of 512 every chunk streams all 11.3 GB of routed-expert weights for about 16 rows per expert.
 struct Plan {
   const char* preset;
   int64_t context;
@@ -45,7 +47,7 @@ struct Plan {
 };
 
 constexpr Plan kPlans[] = {{"v32-tiny", 256, 32, 512, 512, true},
-                           {"v32", 2048, 128, 2048, 512, false}};
+                           {"v32", 2048, 128, 2048, 2048, false}};
 
 enum class Phase { decode, prefill };
 
@@ -74,6 +76,12 @@ struct LayerCheckpoint {
   model::Config config;
 };
 std::optional<LayerCheckpoint> g_checkpoint;
+std::optional<int64_t> g_prefill_chunk;  // --prefill-chunk
+
+// The prefill's tokens per step: the plan's, or --prefill-chunk (at most the whole prefill).
+int64_t chunk_tokens(const Plan& plan) {
+  return std::min(plan.prefill_tokens, g_prefill_chunk.value_or(plan.chunk_tokens));
+}
 
 // Whether `c` has the layer shapes of preset `plan` (the vocabulary aside).
 bool same_layer(const model::Config& c, const Plan& plan) {
@@ -178,9 +186,9 @@ OpWork pass_work(const model::Config& c, int64_t start, int64_t tokens) {
 OpWork phase_work(const model::Config& c, const Plan& plan, Phase phase) {
   if (phase == Phase::decode) return pass_work(c, plan.context + plan.drift / 2, 1);
   OpWork total;
-  for (int64_t start = 0; start < plan.prefill_tokens; start += plan.chunk_tokens)
+  for (int64_t start = 0; start < plan.prefill_tokens; start += chunk_tokens(plan))
     for (const auto& [op, w] :
-         pass_work(c, start, std::min(plan.chunk_tokens, plan.prefill_tokens - start))) {
+         pass_work(c, start, std::min(chunk_tokens(plan), plan.prefill_tokens - start))) {
       total[op].flops += w.flops;
       total[op].bytes += w.bytes;
     }
@@ -245,7 +253,7 @@ class LayerRun {
     model_ = std::make_unique<model::Model>(
         checkpoint ? model::load_checkpoint(checkpoint->dir)
                    : model::random_weights(config, rng_()),
-        model::Model::Options{.kv_cache_pages = pages + 2, .max_batch_tokens = plan.chunk_tokens});
+        model::Model::Options{.kv_cache_pages = pages + 2, .max_batch_tokens = chunk_tokens(plan)});
   }
 
   const Plan& plan() const { return plan_; }
@@ -265,8 +273,8 @@ class LayerRun {
 
   void append(int64_t seq, const std::vector<int32_t>& tokens) {
     for (size_t start = 0; start < tokens.size();
-         start += static_cast<size_t>(plan_.chunk_tokens)) {
-      const size_t n = std::min(tokens.size() - start, static_cast<size_t>(plan_.chunk_tokens));
+         start += static_cast<size_t>(chunk_tokens(plan_))) {
+      const size_t n = std::min(tokens.size() - start, static_cast<size_t>(chunk_tokens(plan_)));
       const model::StepItem item{seq, {tokens.data() + start, n}};
       model_->forward({&item, 1});
     }
@@ -340,7 +348,7 @@ double median_op_seconds(const std::vector<OpSeconds>& calls, const std::string&
 std::string shape_text(const Plan& plan, Phase phase) {
   if (phase == Phase::decode)
     return fmt::format("b=1 ctx={}..{}", plan.context, plan.context + plan.drift - 1);
-  return fmt::format("tokens={} chunk={}", plan.prefill_tokens, plan.chunk_tokens);
+  return fmt::format("tokens={} chunk={}", plan.prefill_tokens, chunk_tokens(plan));
 }
 
 BenchCase base_case(const Plan& plan, Phase phase, const std::string& op) {
@@ -426,6 +434,11 @@ void set_layer_checkpoint(const std::filesystem::path& dir) {
                 dir.string() + " (" + std::to_string(config.n_layers) + " layers, dim " +
                     std::to_string(config.dim) + ")");
   g_checkpoint = LayerCheckpoint{dir, config};
+}
+
+void set_layer_prefill_chunk(int64_t tokens) {
+  DSK_CHECK_ARG(tokens >= 1, "bench", "--prefill-chunk", "a positive number of tokens", tokens);
+  g_prefill_chunk = tokens;
 }
 
 }  // namespace dsk::bench

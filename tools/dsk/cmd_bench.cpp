@@ -1,5 +1,5 @@
 // `dsk bench [MODULE...] [--json F] [--plot F] [--quick] [--filter RE] [--preset P]
-// [--checkpoint DIR] [--list]`:
+// [--checkpoint DIR] [--prefill-chunk N] [--list]`:
 // measures the ceilings, then times each case of the chosen modules against them and against its
 // peer.
 #include <unistd.h>
@@ -99,7 +99,14 @@ void add_bench_command(CLI::App& app) {
                   "this one-layer checkpoint (dsk make-checkpoint --preset v32 --layers 1 DIR)")
       ->type_name("DIR")
       ->check(CLI::ExistingDirectory);
-  cmd->callback([options, preset, checkpoint] {
+  auto prefill_chunk = std::make_shared<int64_t>(0);
+  cmd->add_option("--prefill-chunk", *prefill_chunk,
+                  "the layer module's prefill cases run in steps of N tokens (chunked prefill; "
+                  "default: the preset's, one step of 2048 for v32)")
+      ->type_name("N")
+      ->check(CLI::PositiveNumber);
+  cmd->callback([options, preset, checkpoint, prefill_chunk] {
+    if (*prefill_chunk > 0) bench::set_layer_prefill_chunk(*prefill_chunk);
     if (!checkpoint->empty()) bench::set_layer_checkpoint(*checkpoint);
     if (!preset->empty()) options->filter = layer_preset_filter(*preset, options->filter);
     run_bench_command(*options);
