@@ -122,6 +122,23 @@ TEST(Cli, UnknownModuleIsOneLineAndStatus2) {
   expect_one_error_line(stderr_of("verify --filter '('"));
 }
 
+// The layer module's prefill runs in one step by default; --prefill-chunk cuts it into steps of
+// N tokens (at most the whole prefill), as the shape column says.
+TEST(Cli, PrefillChunkSetsTheLayerStep) {
+  DSK_SKIP_WITHOUT_PROGRAM();
+  const Outcome plain = stdout_of("bench layer --list");
+  ASSERT_EQ(plain.status, 0) << plain.out;
+  EXPECT_NE(plain.out.find("tokens=2048 chunk=2048"), std::string::npos) << plain.out;
+  const Outcome chunked = stdout_of("bench layer --list --prefill-chunk 256");
+  ASSERT_EQ(chunked.status, 0) << chunked.out;
+  EXPECT_NE(chunked.out.find("tokens=2048 chunk=256"), std::string::npos) << chunked.out;
+  EXPECT_NE(chunked.out.find("tokens=512 chunk=256"), std::string::npos) << chunked.out;
+  EXPECT_NE(stdout_of("bench layer --list --prefill-chunk 4096").out.find("tokens=512 chunk=512"),
+            std::string::npos);
+  expect_one_error_line(stderr_of("bench layer --list --prefill-chunk 0"));
+  expect_one_error_line(stderr_of("bench layer --list --prefill-chunk -3"));
+}
+
 TEST(Cli, VerifyQuickPassesAndWritesJson) {
   DSK_SKIP_WITHOUT_PROGRAM();
   test::TempDir dir;

@@ -100,13 +100,13 @@ void add_bench_command(CLI::App& app) {
       ->type_name("DIR")
       ->check(CLI::ExistingDirectory);
   auto prefill_chunk = std::make_shared<int64_t>(0);
-  cmd->add_option("--prefill-chunk", *prefill_chunk,
-                  "the layer module's prefill cases run in steps of N tokens (chunked prefill; "
-                  "default: the preset's, one step of 2048 for v32)")
-      ->type_name("N")
-      ->check(CLI::PositiveNumber);
-  cmd->callback([options, preset, checkpoint, prefill_chunk] {
-    if (*prefill_chunk > 0) bench::set_layer_prefill_chunk(*prefill_chunk);
+  CLI::Option* chunk_option =
+      cmd->add_option("--prefill-chunk", *prefill_chunk,
+                      "the layer module's prefill cases run in steps of N tokens (chunked "
+                      "prefill; default: the preset's, one step of 2048 for v32)")
+          ->type_name("N");
+  cmd->callback([options, preset, checkpoint, prefill_chunk, chunk_option] {
+    if (chunk_option->count() > 0) bench::set_layer_prefill_chunk(*prefill_chunk);
     if (!checkpoint->empty()) bench::set_layer_checkpoint(*checkpoint);
     if (!preset->empty()) options->filter = layer_preset_filter(*preset, options->filter);
     run_bench_command(*options);
