@@ -36,6 +36,32 @@ const detail::MqaKernels& mqa_kernels() {
   return detail::mqa_kernels_avx512(products);
 }
 
+// One thread's MqaScratch (and the paged kernel's panel) carved from one 64-byte aligned tensor.
+// The tile unit reads q and the panel and writes the block of scores in 64-byte rows; a row that
+// straddles two cache lines (std::vector only promises 16-byte alignment) makes every tile load
+// and store about twice as slow.
+class ThreadScratch {
+ public:
+  ThreadScratch(int64_t queries, int64_t heads, int64_t d, int64_t panel_elems = 0) {
+    const int64_t q = lines(kernels::gemm::mqa_q_rows(queries, heads) * d * 2);
+    const int64_t tile = lines(kernels::gemm::kMqaTileFloats * 4);
+    const int64_t logit = lines(queries * kMqaPanel * 4);
+    memory_ = Tensor::empty({q + tile + logit + lines(panel_elems * 2)}, DType::u8);
+    auto* base = memory_.data<uint8_t>();
+    s_ = {reinterpret_cast<bf16*>(base), reinterpret_cast<float*>(base + q),
+          reinterpret_cast<float*>(base + q + tile)};
+    panel_ = reinterpret_cast<bf16*>(base + q + tile + logit);
+  }
+  MqaScratch& mqa() { return s_; }
+  bf16* panel() { return panel_; }
+
+ private:
+  static int64_t lines(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+  Tensor memory_;
+  MqaScratch s_{};
+  bf16* panel_ = nullptr;
+};
+
 int64_t align_up(int64_t x, int64_t a) {
   return (x + a - 1) / a * a;
 }
@@ -216,10 +242,8 @@ Tensor fp8_fp4_mqa_logits(const Fp8Tensor& q, const Fp8Tensor& kv, const Tensor&
   const int parts = get_num_threads();
   const std::vector<int64_t> bounds = balanced_split(ks, ke, sh.s, parts);
   parallel_for(parts, [&](int64_t t0, int64_t t1, int) {
-    std::vector<bf16> qbuf(
-        static_cast<size_t>(kernels::gemm::mqa_q_rows(kMqaQueries, sh.h) * sh.d));
-    std::vector<float> tile(kernels::gemm::kMqaTileFloats), logit(kMqaQueries * kMqaPanel);
-    MqaScratch scratch{qbuf.data(), tile.data(), logit.data()};
+    ThreadScratch memory(kMqaQueries, sh.h, sh.d);
+    MqaScratch& scratch = memory.mqa();
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t b = bounds[static_cast<size_t>(t)]; b < bounds[static_cast<size_t>(t) + 1];
            ++b) {
@@ -410,11 +434,8 @@ Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tenso
   rows.out_bf16 = logits_dtype == DType::bf16;
   const detail::MqaKernels& k = mqa_kernels();
   parallel_for(parts, [&](int64_t p0, int64_t p1, int) {
-    std::vector<bf16> qbuf(static_cast<size_t>(kernels::gemm::mqa_q_rows(next_n, heads) * d)),
-        panel(static_cast<size_t>(kMqaPanel * d));
-    std::vector<float> tile(kernels::gemm::kMqaTileFloats),
-        logit(static_cast<size_t>(next_n * kMqaPanel));
-    MqaScratch s{qbuf.data(), tile.data(), logit.data()};
+    ThreadScratch memory(next_n, heads, d, kMqaPanel * d);
+    MqaScratch& s = memory.mqa();
     for (int64_t p = p0; p < p1; ++p) {
       // Part p: blocks from (item, block) meta[p] up to meta[p + 1], item by item.
       const int64_t end_b = meta[2 * p + 2], end_blk = meta[2 * p + 3];
@@ -423,7 +444,7 @@ Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tenso
         const int64_t last = b < end_b ? blocks[static_cast<size_t>(b)] : end_blk;
         if (blk >= last) continue;
         k.widen_queries(rows, b * next_n, next_n, s);
-        k.paged_blocks(a, rows, b, blk, last, s, panel.data());
+        k.paged_blocks(a, rows, b, blk, last, s, memory.panel());
       }
     }
   });
