@@ -190,21 +190,28 @@ void block_into_logits(const MqaArgs& a, int64_t i0, int64_t r0, int64_t n, int6
 
 // The same on tile registers: blocks of 32 rows (16 at the end) x 32 columns, each block's
 // contribution added row by row in increasing row order, as rows_into_logits adds its rows.
+// feed: lines_per_step of its lines are prefetched at every step of the products.
 template <class T>
 void tile_rows_into_logits(typename tile::BlockRegs<T>::Unit& u, const MqaArgs& a, int64_t i0,
-                           int64_t rows, const bf16* panel, const float* sf, MqaScratch& s) {
+                           int64_t rows, const bf16* panel, const float* sf, MqaScratch& s,
+                           tile::PrefetchFeed* feed, int lines_per_step) {
   for (int64_t r0 = 0; r0 < rows; r0 += 32) {
     const int64_t n = std::min<int64_t>(32, rows - r0);
     for (int64_t c0 = 0; c0 < kMqaPanel; c0 += 32) {
       if (n > 16)
         tile::mma_block<T, 32, 32>(u, s.q + r0 * a.d, a.d, panel + 2 * c0, 2 * kMqaPanel, a.d,
-                                   s.tile, 32, false);
+                                   s.tile, 32, false, feed, lines_per_step);
       else
         tile::mma_block<T, 16, 32>(u, s.q + r0 * a.d, a.d, panel + 2 * c0, 2 * kMqaPanel, a.d,
-                                   s.tile, 32, false);
+                                   s.tile, 32, false, feed, lines_per_step);
       block_into_logits<T>(a, i0, r0, n, c0, sf, s);
     }
   }
+}
+
+// Tile steps of one panel's products for `rows` (query, head) rows of depth d.
+inline int64_t tile_steps(int64_t rows, int64_t d) {
+  return std::max<int64_t>(1, (rows + 31) / 32 * (kMqaPanel / 32) * (d / 32));
 }
 
 inline void store_logit(const MqaArgs& a, int64_t i, int64_t col, float v) {
@@ -229,7 +236,8 @@ void widen_queries(const MqaArgs& a, int64_t i0, int64_t nq, MqaScratch& s) {
 }
 
 // s.logit[qi][c] = sum_h relu(sf[c] * q(i0 + qi, h) . panel column c) * w(i0 + qi, h) for the nq
-// queries whose rows are in s.q and the 64 columns of one panel.
+// queries whose rows are in s.q and the 64 columns of one panel. feed (optional): prefetched
+// lines_per_step lines at a time during the tile products, at once on dot tiles.
 // The tile unit of the products when kTiles (configured once per block of queries, not per
 // panel), else nothing.
 template <class I, bool kTiles>
@@ -237,12 +245,14 @@ using MqaUnit = std::conditional_t<kTiles, typename tile::BlockRegs<I>::Unit, ch
 
 template <class I, bool kTiles>
 void panel_logits(const MqaArgs& a, int64_t i0, int64_t nq, const bf16* panel, const float* sf,
-                  MqaScratch& s, [[maybe_unused]] MqaUnit<I, kTiles>& unit) {
+                  MqaScratch& s, [[maybe_unused]] MqaUnit<I, kTiles>& unit,
+                  tile::PrefetchFeed* feed = nullptr, int lines_per_step = 0) {
   const int64_t rows = nq * a.heads;
   std::fill(s.logit, s.logit + nq * kMqaPanel, 0.0f);
   if constexpr (kTiles) {
-    mqa_detail::tile_rows_into_logits<I>(unit, a, i0, rows, panel, sf, s);
+    mqa_detail::tile_rows_into_logits<I>(unit, a, i0, rows, panel, sf, s, feed, lines_per_step);
   } else {
+    if (feed) feed->feed(feed->lines_left());
     int64_t r0 = 0;
     for (; r0 + 6 <= rows; r0 += 6) mqa_detail::rows_into_logits<I, 6>(a, i0, r0, panel, sf, s);
     if (rows - r0 == 4) mqa_detail::rows_into_logits<I, 4>(a, i0, r0, panel, sf, s);
@@ -314,11 +324,19 @@ void mqa_paged_blocks(const MqaPagedArgs& pa, const MqaArgs& a, int64_t b, int64
   MqaUnit<I, kTiles> unit;
   const int32_t* ids = pa.block_table + b * pa.bt_stride;
   const int64_t i0 = b * pa.next_n;
+  const int64_t panels = (pa.block_kv + kMqaPanel - 1) / kMqaPanel;
+  const int64_t steps = panels * mqa_detail::tile_steps(pa.next_n * a.heads, a.d);
   for (int64_t blk = blk0; blk < blk1; ++blk) {
-    // The next block towards L2 while this one is computed: blocks sit anywhere in the cache, so
-    // the hardware prefetchers would meet each one cold.
+    // The next block towards L2 while this one is computed (blocks sit anywhere in the cache, so
+    // the hardware prefetchers would meet each one cold), a few lines per tile step: a burst of
+    // 132 prefetches stalls the loads of the products.
+    tile::PrefetchFeed next;
     if (blk + 1 < blk1)
-      tile::prefetch_l2(pa.kv_cache + ids[blk + 1] * pa.block_bytes, pa.block_bytes);
+      next = {
+          .base = reinterpret_cast<const std::byte*>(pa.kv_cache) + ids[blk + 1] * pa.block_bytes,
+          .row_bytes = pa.block_bytes,
+          .rows = 1};
+    const int lines_per_step = static_cast<int>((next.lines_left() + steps - 1) / steps);
     const uint8_t* block = pa.kv_cache + ids[blk] * pa.block_bytes;
     const auto* codes = reinterpret_cast<const e4m3*>(block + mla::indexer_codes_offset(0, a.d));
     for (int64_t c0 = 0; c0 < pa.block_kv; c0 += kMqaPanel) {
@@ -330,7 +348,7 @@ void mqa_paged_blocks(const MqaPagedArgs& pa, const MqaArgs& a, int64_t b, int64
       std::memcpy(sf, block + mla::indexer_scale_offset(c0, pa.block_kv, a.d),
                   static_cast<size_t>(n) * sizeof(float));
       const int64_t t0 = blk * pa.block_kv + c0;
-      panel_logits<I, kTiles>(a, i0, pa.next_n, panel, sf, s, unit);
+      panel_logits<I, kTiles>(a, i0, pa.next_n, panel, sf, s, unit, &next, lines_per_step);
       for (int64_t j = 0; j < pa.next_n; ++j) {
         const int64_t end = std::min(paged_valid_len(pa, b, j), t0 + n);
         for (int64_t t = t0; t < end; ++t)
