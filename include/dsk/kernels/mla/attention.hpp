@@ -179,6 +179,29 @@ void prefetch_keys(const Problem& p, const Source& src, int64_t kc, int64_t chun
     tile::prefetch_l2(src.address(k), src.bytes(2 * p.d_qk));
 }
 
+// Keys [k, k_end) of an item's list as a tile loop's feed (tile::mma_block): feed(lines) prefetches
+// their next `lines` cache lines into L2. The tile kernel spreads the next chunk's keys over the
+// current chunk's gather and products: all at once, or with each gathered row, they queue on the
+// core's fill buffers and the gather's own loads wait behind them.
+template <class Source>
+struct KeyFeed {
+  const Source* src = nullptr;
+  int64_t k = 0, k_end = 0, bytes = 0;  // bytes: of one key's stored form
+  int64_t offset = 0;                   // the next line of key k
+  int64_t lines_left() const {
+    const int64_t per_key = (bytes + 63) / 64;
+    return k < k_end ? (k_end - k) * per_key - offset / 64 : 0;
+  }
+  void feed(int64_t lines) {
+    for (; lines > 0 && k < k_end; --lines) {
+      __builtin_prefetch(
+          static_cast<const char*>(static_cast<const void*>(src->address(k))) + offset, 0, 2);
+      offset += 64;
+      if (offset >= bytes) offset = 0, ++k;
+    }
+  }
+};
+
 // Sparse prefill: rows of a bf16 kv [s_kv, d_qk] (row stride `stride`), by compacted index.
 struct GatherSource {
   const bf16* kv;
@@ -460,16 +483,15 @@ inline void copy_row(const bf16* src, size_t bytes, bf16* dst) {
 
 // The chunk's keys [kc, kc + n) copied (or dequantized) into s.keys as rows of d_qk, zero rows up
 // to `width`, and V's key pairs of those rows into s.v_panel: each key is read from its source
-// once, then packed for both products from L1. With each row it prefetches the row one chunk
-// ahead (below k1) into L2, so the next chunk's reads stream at the pace of the copies.
+// once, then packed for both products from L1. With each row, lines_per_row lines of `next` (the
+// next chunk's keys) are prefetched.
 template <class V, class Source>
 void gather_chunk(const Problem& p, const Source& src, int64_t kc, int64_t n, int64_t width,
-                  int64_t k1, Scratch& s) {
+                  KeyFeed<Source>& next, int lines_per_row, Scratch& s) {
   const auto row_bytes = static_cast<size_t>(2 * p.d_qk);
   for (int64_t r = 0; r < width; ++r) {
     bf16* dst = s.keys + r * p.d_qk;
-    if (kc + kTileChunk + r < k1)
-      tile::prefetch_l2(src.address(kc + kTileChunk + r), src.bytes(2 * p.d_qk));
+    next.feed(lines_per_row);
     if (r < n) {
       const bf16* row = src.row(kc + r, dst);
       if (row != dst) copy_row<V>(row, row_bytes, dst);
@@ -482,26 +504,35 @@ void gather_chunk(const Problem& p, const Source& src, int64_t kc, int64_t n, in
 }
 
 // S^T [width keys][rows_pad] = keys . Q^T, in 32 x 32 blocks over d_qk.
-template <tile::Isa T>
-void tile_scores(TileUnitOf<T>& u, const Problem& p, int64_t width, Scratch& s) {
+template <tile::Isa T, class Feed>
+void tile_scores(TileUnitOf<T>& u, const Problem& p, int64_t width, Scratch& s, Feed& feed,
+                 int lines_per_step) {
   for (int64_t k0 = 0; k0 < width; k0 += 32) {
     const bf16* a = s.keys + k0 * p.d_qk;
     float* c = s.s + k0 * p.rows_pad;
     int64_t c0 = 0;
     for (; c0 + 32 <= p.rows_pad; c0 += 32)
       tile::mma_block<T, 32, 32>(u, a, p.d_qk, s.q_panel + 2 * c0, q_panel_ld(p), p.d_qk, c + c0,
-                                 p.rows_pad, false);
+                                 p.rows_pad, false, &feed, lines_per_step);
     if (c0 < p.rows_pad)
       tile::mma_block<T, 32, 16>(u, a, p.d_qk, s.q_panel + 2 * c0, q_panel_ld(p), p.d_qk, c + c0,
-                                 p.rows_pad, false);
+                                 p.rows_pad, false, &feed, lines_per_step);
   }
+}
+
+// Tile steps of tile_scores and tile_pv for a chunk of `width` keys.
+inline int64_t chunk_tile_steps(const Problem& p, int64_t width) {
+  const int64_t scores = width / 32 * ((p.rows_pad + 31) / 32) * (p.d_qk / 32);
+  const int64_t pv = (p.rows + 31) / 32 * (p.d_v / 32) * (width / 32);
+  return scores + pv;
 }
 
 // O = alpha * O + P . V for the chunk: each 32 x 32 block of P . V is summed from zero in the
 // tile registers over the chunk's keys, then merged into O with one FMA per element (the rescale
 // and the accumulation in one pass over O).
-template <tile::Isa T>
-void tile_pv(TileUnitOf<T>& u, const Problem& p, int64_t width, Scratch& s, State& st) {
+template <tile::Isa T, class Feed>
+void tile_pv(TileUnitOf<T>& u, const Problem& p, int64_t width, Scratch& s, State& st, Feed& feed,
+             int lines_per_step) {
   using S = tk::kernels::SimdOf<T>;
   // P from its VNNI pairs of keys to rows of keys: a dword transpose, which is what packing an
   // N x K matrix into VNNI form does (N = key pairs, K = the rows' pairs of bf16).
@@ -513,9 +544,11 @@ void tile_pv(TileUnitOf<T>& u, const Problem& p, int64_t width, Scratch& s, Stat
     for (int64_t c0 = 0; c0 < p.d_v; c0 += 32) {
       const bf16* b = s.v_panel + 2 * c0;
       if (p.rows_pad - r0 >= 32)
-        tile::mma_block<T, 32, 32>(u, a, kTileChunk, b, v_panel_ld(p), width, s.o_block, 32, false);
+        tile::mma_block<T, 32, 32>(u, a, kTileChunk, b, v_panel_ld(p), width, s.o_block, 32, false,
+                                   &feed, lines_per_step);
       else
-        tile::mma_block<T, 16, 32>(u, a, kTileChunk, b, v_panel_ld(p), width, s.o_block, 32, false);
+        tile::mma_block<T, 16, 32>(u, a, kTileChunk, b, v_panel_ld(p), width, s.o_block, 32, false,
+                                   &feed, lines_per_step);
       for (int64_t r = 0; r < rows; ++r) {
         float* o = st.o + (r0 + r) * p.d_v + c0;
         const auto alpha = S::set1(s.alpha[r0 + r]);
@@ -598,13 +631,21 @@ void attend_tiles(const Problem& p, const Source& src, int64_t k0, int64_t k1, S
                   State& st) {
   using V = tile::vector_isa_t<T>;
   attention_detail::TileUnitOf<T> unit;
-  prefetch_keys(p, src, k0, kTileChunk, k1);  // later chunks: one row per row gathered
+  prefetch_keys(p, src, k0, kTileChunk, k1);  // later chunks: during the chunk before them
   for (int64_t kc = k0; kc < k1; kc += kTileChunk) {
     const int64_t n = std::min(kTileChunk, k1 - kc), width = round_up(n, 32);
-    attention_detail::gather_chunk<V>(p, src, kc, n, width, k1, s);
-    attention_detail::tile_scores<T>(unit, p, width, s);
+    // The next chunk's keys, spread over this chunk's gathered rows and tile steps.
+    KeyFeed<Source> next{.src = &src,
+                         .k = std::min(kc + kTileChunk, k1),
+                         .k_end = std::min(kc + 2 * kTileChunk, k1),
+                         .bytes = src.bytes(2 * p.d_qk)};
+    const int64_t units = width + attention_detail::chunk_tile_steps(p, width);
+    const int per_unit = static_cast<int>((next.lines_left() + units - 1) / units);
+    attention_detail::gather_chunk<V>(p, src, kc, n, width, next, per_unit, s);
+    attention_detail::tile_scores<T>(unit, p, width, s, next, per_unit);
     attention_detail::softmax_chunk<V>(p, kc, n, width, s, st);
-    attention_detail::tile_pv<T>(unit, p, width, s, st);
+    attention_detail::tile_pv<T>(unit, p, width, s, st, next, per_unit);
+    next.feed(next.lines_left());
   }
 }
 

@@ -34,11 +34,12 @@ struct BlockRegs {
 // Steps run in K order, so the bits depend only on the operands (the unit's numerics contract).
 // kStreamA: A's tiles are loaded with the hint that they are not read again soon (load_once), for
 // loops that run many row blocks past one B kept in L1. feed: lines_per_step of its lines are
-// prefetched before each step (the caller's next operands, arriving while this block computes).
-template <Isa T, int Rows, int Cols, bool kStreamA = false>
+// prefetched before each step (the caller's next operands, arriving while this block computes);
+// a Feed is anything with feed(lines): a PrefetchFeed, or a walk over scattered rows.
+template <Isa T, int Rows, int Cols, bool kStreamA = false, class Feed = PrefetchFeed>
 void mma_block(typename BlockRegs<T>::Unit& u, const bf16* a, int64_t lda, const bf16* b,
-               int64_t ldb, int64_t k_pad, float* c, int64_t ldc, bool load_c,
-               PrefetchFeed* feed = nullptr, int lines_per_step = 0) {
+               int64_t ldb, int64_t k_pad, float* c, int64_t ldc, bool load_c, Feed* feed = nullptr,
+               int lines_per_step = 0) {
   static_assert((Rows == 16 || Rows == 32) && (Cols == 16 || Cols == 32));
   using R = BlockRegs<T>;
   constexpr bool kTwoRows = Rows == 32, kTwoCols = Cols == 32;
