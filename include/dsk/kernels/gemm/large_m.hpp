@@ -28,11 +28,12 @@ inline constexpr int kDotTileRows = 6;
 // amx: items of at least this many rows copy bf16 panels too (fewer row tiles would not repay
 // the copy), and at most this many lines of the next panel are prefetched per tile step (more
 // stall the loads of the step; a few rows stream the weights faster than the prefetches help).
-// Items of at least this many rows: the next-panel feed of the tile loop (kMaxPrefetchPerStep
-// lines a step, 2 x ceil(rows / 32) x 16 steps a pass) covers a whole 32 KiB FP8 pass.
-inline constexpr int kPrefetchedPanelRows = 128;
 inline constexpr int kCopyPanelRows = 128;
 inline constexpr int kMaxPrefetchPerStep = 4;
+// Items of at least this many rows: the next-panel feed of the tile loop (kMaxPrefetchPerStep
+// lines a step, 2 x ceil(rows / 32) x 16 steps a pass) covers a whole 32 KiB FP8 pass; fewer
+// rows prefetch what they widen in the widening loop.
+inline constexpr int kPrefetchedPanelRows = 128;
 
 // What one pass over a block reads: the A rows (bf16, row stride lda elements) and the B rows of
 // one panel (bf16 pairs, kPanelRowBf16 of them at row stride ldb), both from the pass's first K.

@@ -151,8 +151,8 @@ inline void widen_row(Elem type, const std::byte* row, tile::DotPairs<I> (&out)[
   widen_cols<I, 4>(type, row, 0, out);
 }
 
-// Rows of packed B a widening loop prefetches ahead of the row it converts (2 to 4 KiB: the
-// rows come from L3 or DRAM, and a panel pass is too short for the hardware prefetchers to help).
+// Rows of packed B a widening loop prefetches ahead of the row it converts (1 to 4 KiB: the rows
+// come from L3 or DRAM, and a panel pass is too short for the hardware prefetchers to help).
 inline constexpr int kWidenPrefetchRows = 16;
 
 namespace widen_detail {
@@ -191,7 +191,7 @@ void widen_e4m3_rows(const std::byte* rows, int64_t row_bytes, int64_t count, in
 }
 
 // `count` consecutive panel rows of any type widened to dst (row stride ld_dst), folded by shift
-// when `fold`; rows up to prefetch_rows (>= count) may be prefetched.
+// when `fold`; the rows below prefetch_rows (counted from `rows`, 0: none) are prefetched ahead.
 template <tile::Isa I>
 void widen_rows(Elem type, const std::byte* rows, int64_t row_bytes, int64_t count,
                 int64_t prefetch_rows, bool fold, const tile::DotPairs<I> (&shift)[4], bf16* dst,
