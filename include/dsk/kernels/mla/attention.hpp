@@ -188,17 +188,10 @@ struct KeyFeed {
   const Source* src = nullptr;
   int64_t k = 0, k_end = 0, bytes = 0;  // bytes: of one key's stored form
   int64_t offset = 0;                   // the next line of key k
-  int64_t lines_left() const {
-    const int64_t per_key = (bytes + 63) / 64;
-    return k < k_end ? (k_end - k) * per_key - offset / 64 : 0;
-  }
+  int64_t lines_left() const { return tile::feed_lines_left(k_end, bytes, k, offset); }
   void feed(int64_t lines) {
-    for (; lines > 0 && k < k_end; --lines) {
-      __builtin_prefetch(
-          static_cast<const char*>(static_cast<const void*>(src->address(k))) + offset, 0, 2);
-      offset += 64;
-      if (offset >= bytes) offset = 0, ++k;
-    }
+    const auto address = [this](int64_t key) -> const void* { return src->address(key); };
+    tile::feed_lines(address, k_end, bytes, k, offset, lines);
   }
 };
 
