@@ -221,13 +221,15 @@ double available_memory_bytes() {
 // Peak memory of building the layer: the random weights (none from a checkpoint: its pages are
 // memory-mapped and reclaimable), and the Model's packed copy of the experts
 // (gemm::stack_packed_weights groups the experts packed one by one, so the raw weights are never
-// stacked), plus 1 GiB for the rest (attention packing, workspace, cache).
+// stacked), the activations of one step of the prefill's chunk (the Model's own estimate), plus
+// 1 GiB for the rest (attention packing, cache).
 double build_bytes(const Plan& plan) {
   const model::Config c = layer_config(plan);
   double weights = 0;
   if (!checkpoint_for(plan))
     for (const model::TensorSpec& s : model::checkpoint_tensors(c)) weights += spec_bytes(s);
-  return weights + weight_bytes_by_op(c)["moe.experts"] + double(int64_t{1} << 30);
+  return weights + weight_bytes_by_op(c)["moe.experts"] +
+         double(model::step_workspace_bytes(c, chunk_tokens(plan))) + double(int64_t{1} << 30);
 }
 
 // ---- the shared model -----------------------------------------------------------------------

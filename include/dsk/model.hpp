@@ -135,6 +135,10 @@ struct StepItem {
   std::span<const int32_t> tokens;
 };
 
+// An upper estimate of the activations of one forward step of `max_batch_tokens` tokens through a
+// model of `config` (MemoryBudget::workspace): what a caller must leave free besides the weights.
+int64_t step_workspace_bytes(const Config& config, int64_t max_batch_tokens);
+
 // The memory a served model needs: M_total = weights + KV cache + workspace + communication +
 // reserve (seeds/000: the budget a deployment plans before admitting requests).
 struct MemoryBudget {

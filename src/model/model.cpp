@@ -296,7 +296,6 @@ struct Model::Impl {
   int64_t max_batch_tokens;
 
   int64_t weight_bytes() const;
-  int64_t workspace_bytes() const;
   // Fills budget and sizes the cache (options.kv_cache_pages, or what memory_limit leaves).
   void plan_memory(const Options& options);
 
@@ -353,11 +352,11 @@ int64_t Model::Impl::weight_bytes() const {
   return bytes;
 }
 
-// An upper estimate of the activations of one step of max_batch_tokens tokens: the bf16 buffers
-// of the widest op of each kind live at once, the expanded expert rows with their worst-case
-// alignment padding, and the prefill indexer's f32 logits over the longest context.
-int64_t Model::Impl::workspace_bytes() const {
-  const Config& c = config;
+// The bf16 buffers of the widest op of each kind live at once, the expanded expert rows with their
+// worst-case alignment padding, and the prefill indexer's f32 logits over the longest context.
+int64_t step_workspace_bytes(const Config& c, int64_t max_batch_tokens) {
+  DSK_CHECK_ARG(max_batch_tokens >= 1, "model::step_workspace_bytes", "max_batch_tokens", ">= 1",
+                max_batch_tokens);
   const int64_t T = max_batch_tokens, h = c.n_heads, lat = c.kv_lora_rank;
   const int64_t per_token =
       2 * (6 * c.dim + c.q_lora_rank + h * (c.qk_head_dim() + 2 * (lat + c.qk_rope_head_dim)) +
@@ -373,7 +372,7 @@ int64_t Model::Impl::workspace_bytes() const {
 
 void Model::Impl::plan_memory(const Options& options) {
   budget.weights = weight_bytes();
-  budget.workspace = workspace_bytes();
+  budget.workspace = step_workspace_bytes(config, max_batch_tokens);
   budget.communication = ep_buffer ? ep_buffer->num_bytes() + ep_buffer->output_bytes() : 0;
   const int64_t fixed = budget.weights + budget.workspace;
   budget.reserve = std::max<int64_t>(int64_t{64} << 20, fixed / 20);

@@ -108,6 +108,18 @@ TEST(Scheduler, MemoryLimitSizesTheCache) {
   EXPECT_THROW(Model(tiny_weights(), {.memory_limit = b.total() - page - 1}), Error);
 }
 
+// The budget's workspace is the public estimate (which dsk bench layer also reads), it grows with
+// the step size, and a step of no tokens is refused.
+TEST(Scheduler, WorkspaceIsTheStepEstimate) {
+  const Weights& w = tiny_weights();
+  Model small(w, {.kv_cache_pages = 1, .max_batch_tokens = 64});
+  Model large(w, {.kv_cache_pages = 1, .max_batch_tokens = 256});
+  EXPECT_EQ(small.memory_budget().workspace, step_workspace_bytes(w.config(), 64));
+  EXPECT_EQ(large.memory_budget().workspace, step_workspace_bytes(w.config(), 256));
+  EXPECT_GT(large.memory_budget().workspace, small.memory_budget().workspace);
+  EXPECT_THROW(step_workspace_bytes(w.config(), 0), Error);
+}
+
 TEST(Sampling, Rules) {
   const Tensor logits = ref::randn({300}, DType::f32, 5, 0.0f, 3.0f);
   const float* v = logits.data<float>();
