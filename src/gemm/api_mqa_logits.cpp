@@ -36,10 +36,10 @@ const detail::MqaKernels& mqa_kernels() {
   return detail::mqa_kernels_avx512(products);
 }
 
-// One thread's MqaScratch (and the paged kernel's panel) carved from one 64-byte aligned tensor.
-// The tile unit reads q and the panel and writes the block of scores in 64-byte rows; a row that
-// straddles two cache lines (std::vector only promises 16-byte alignment) makes every tile load
-// and store about twice as slow.
+// One thread's MqaScratch (and the paged kernel's two panels) carved from one 64-byte aligned
+// tensor. The tile unit reads q and the panel and writes the block of scores in 64-byte rows; a row
+// that straddles two cache lines (std::vector only promises 16-byte alignment) makes every tile
+// load and store about twice as slow.
 class ThreadScratch {
  public:
   ThreadScratch(int64_t queries, int64_t heads, int64_t d, int64_t panel_elems = 0) {
@@ -53,7 +53,7 @@ class ThreadScratch {
     panel_ = reinterpret_cast<bf16*>(base + q + tile + logit);
   }
   MqaScratch& mqa() { return s_; }
-  bf16* panel() { return panel_; }
+  bf16* panels() { return panel_; }
 
  private:
   static int64_t lines(int64_t bytes) { return (bytes + 63) / 64 * 64; }
@@ -434,7 +434,7 @@ Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tenso
   rows.out_bf16 = logits_dtype == DType::bf16;
   const detail::MqaKernels& k = mqa_kernels();
   parallel_for(parts, [&](int64_t p0, int64_t p1, int) {
-    ThreadScratch memory(next_n, heads, d, kMqaPanel * d);
+    ThreadScratch memory(next_n, heads, d, 2 * kMqaPanel * d);
     MqaScratch& s = memory.mqa();
     for (int64_t p = p0; p < p1; ++p) {
       // Part p: blocks from (item, block) meta[p] up to meta[p + 1], item by item.
@@ -444,7 +444,7 @@ Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tenso
         const int64_t last = b < end_b ? blocks[static_cast<size_t>(b)] : end_blk;
         if (blk >= last) continue;
         k.widen_queries(rows, b * next_n, next_n, s);
-        k.paged_blocks(a, rows, b, blk, last, s, memory.panel());
+        k.paged_blocks(a, rows, b, blk, last, s, memory.panels());
       }
     }
   });

@@ -177,6 +177,10 @@ TEST_P(PagedMqaLogits, TilePathMatchesReferenceAndDenseKernel) {
       gemm::detail::set_mqa_products_override, gemm::detail::Products::tile_registers);
   check_paged(make_paged(4, 2, 32, 128, 64, 900, false));
   check_paged(make_paged(5, 2, 12, 32, 32, 300, true));
+  // Each panel packed during the previous one's products (two panels per block), and packed just
+  // before its own (96 query rows: gemm::mqa_pack_ahead is false).
+  check_paged(make_paged(3, 1, 64, 128, 128, 600, false));
+  check_paged(make_paged(3, 3, 32, 64, 128, 500, true));
 }
 
 TEST(PagedMqaLogitsLarge, ContextsUpTo8192) {

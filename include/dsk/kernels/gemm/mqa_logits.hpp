@@ -190,11 +190,11 @@ void block_into_logits(const MqaArgs& a, int64_t i0, int64_t r0, int64_t n, int6
 
 // The same on tile registers: blocks of 32 rows (16 at the end) x 32 columns, each block's
 // contribution added row by row in increasing row order, as rows_into_logits adds its rows.
-// feed: lines_per_step of its lines are prefetched at every step of the products.
-template <class T>
+// feed: fed lines_per_step at every step of the products.
+template <class T, class Feed>
 void tile_rows_into_logits(typename tile::BlockRegs<T>::Unit& u, const MqaArgs& a, int64_t i0,
                            int64_t rows, const bf16* panel, const float* sf, MqaScratch& s,
-                           tile::PrefetchFeed* feed, int lines_per_step) {
+                           Feed* feed, int lines_per_step) {
   for (int64_t r0 = 0; r0 < rows; r0 += 32) {
     const int64_t n = std::min<int64_t>(32, rows - r0);
     for (int64_t c0 = 0; c0 < kMqaPanel; c0 += 32) {
@@ -236,23 +236,23 @@ void widen_queries(const MqaArgs& a, int64_t i0, int64_t nq, MqaScratch& s) {
 }
 
 // s.logit[qi][c] = sum_h relu(sf[c] * q(i0 + qi, h) . panel column c) * w(i0 + qi, h) for the nq
-// queries whose rows are in s.q and the 64 columns of one panel. feed (optional): prefetched
-// lines_per_step lines at a time during the tile products, at once on dot tiles.
+// queries whose rows are in s.q and the 64 columns of one panel. feed (optional): fed
+// lines_per_step at every step of the tile products; on dot tiles finished before the products.
 // The tile unit of the products when kTiles (configured once per block of queries, not per
 // panel), else nothing.
 template <class I, bool kTiles>
 using MqaUnit = std::conditional_t<kTiles, typename tile::BlockRegs<I>::Unit, char>;
 
-template <class I, bool kTiles>
+template <class I, bool kTiles, class Feed = tile::PrefetchFeed>
 void panel_logits(const MqaArgs& a, int64_t i0, int64_t nq, const bf16* panel, const float* sf,
-                  MqaScratch& s, [[maybe_unused]] MqaUnit<I, kTiles>& unit,
-                  tile::PrefetchFeed* feed = nullptr, int lines_per_step = 0) {
+                  MqaScratch& s, [[maybe_unused]] MqaUnit<I, kTiles>& unit, Feed* feed = nullptr,
+                  int lines_per_step = 0) {
   const int64_t rows = nq * a.heads;
   std::fill(s.logit, s.logit + nq * kMqaPanel, 0.0f);
   if constexpr (kTiles) {
     mqa_detail::tile_rows_into_logits<I>(unit, a, i0, rows, panel, sf, s, feed, lines_per_step);
   } else {
-    if (feed) feed->feed(feed->lines_left());
+    if (feed) feed->finish();
     int64_t r0 = 0;
     for (; r0 + 6 <= rows; r0 += 6) mqa_detail::rows_into_logits<I, 6>(a, i0, r0, panel, sf, s);
     if (rows - r0 == 4) mqa_detail::rows_into_logits<I, 4>(a, i0, r0, panel, sf, s);
@@ -314,41 +314,120 @@ inline int64_t paged_item_len(const MqaPagedArgs& a, int64_t b) {
   return n;
 }
 
+namespace mqa_detail {
+
+// The next panel of a paged run packed part by part over the tile steps of the current panel's
+// products (parts / steps of a part per step, counted without a division), and a later cache
+// block prefetched a few lines per step: the packing's vector work then runs beside the tile unit
+// instead of between its products. With no codes it only prefetches.
+template <class V>
+struct PanelFeed {
+  tile::PrefetchFeed* prefetch = nullptr;
+  const e4m3* codes = nullptr;  // the next panel's kv rows (d codes each), or nullptr
+  int64_t d = 0;
+  int n = 0;  // kv rows in the next panel
+  bf16* panel = nullptr;
+  int parts = 0;      // tile::pack_widen_parts of the panel, 0 without codes
+  int64_t steps = 1;  // tile steps of the current panel
+  int64_t credit = 0;
+  int packed = 0;  // parts packed so far
+
+  void feed(int lines) {
+    prefetch->feed(lines);
+    for (credit += parts; credit > 0 && packed < parts; credit -= steps) pack(packed++);
+  }
+  void finish() {
+    prefetch->finish();
+    while (packed < parts) pack(packed++);
+  }
+  // Out of line: inlined, its loops would sit inside every tile step's loop (the step loop of the
+  // paged kernel grew threefold and ran 4-6% slower at next_n = 2).
+  [[gnu::noinline]] void pack(int part) const {
+    tile::pack_b_vnni_nt_widen_part<V>(codes, d, static_cast<int>(d), n, panel, 2 * kMqaPanel,
+                                       static_cast<int>(d), static_cast<int>(kMqaPanel), part);
+  }
+};
+
+}  // namespace mqa_detail
+
+// Whether the paged kernel packs each panel during the previous panel's products. With up to 64
+// query rows (next_n = 1 with 64 heads) the packing's vector work then hides behind the tile unit:
+// 1.10-1.21x (one and two threads, EMR). With 128 rows (next_n = 2) it gained nothing (0.97-1.03x
+// in alternated rounds): the products' A loads of q (32 KiB), not the packing, bound that case,
+// so more rows pack each panel just before its products into one buffer.
+constexpr bool mqa_pack_ahead(int64_t next_n, int64_t heads) {
+  return mqa_q_rows(next_n, heads) <= kMqaPanel;
+}
+
 // The logits of batch item b (its query rows already in s.q) against its cache blocks
 // [blk0, blk1), on one tile unit for the run (a block is only 64 x 64 x D of products).
-// panel: kMqaPanel * d bf16 of scratch, each panel of a block widened into it in VNNI form.
+// panels: 2 * kMqaPanel * d bf16 of scratch: the panel of the products and, with
+// mqa_pack_ahead, the next one, widened into VNNI form while the current one's products run.
 template <class I, bool kTiles>
 void mqa_paged_blocks(const MqaPagedArgs& pa, const MqaArgs& a, int64_t b, int64_t blk0,
-                      int64_t blk1, MqaScratch& s, bf16* panel) {
+                      int64_t blk1, MqaScratch& s, bf16* panels) {
   using V = tile::vector_isa_t<I>;
   MqaUnit<I, kTiles> unit;
   const int32_t* ids = pa.block_table + b * pa.bt_stride;
   const int64_t i0 = b * pa.next_n;
-  const int64_t panels = (pa.block_kv + kMqaPanel - 1) / kMqaPanel;
-  const int64_t steps = panels * mqa_detail::tile_steps(pa.next_n * a.heads, a.d);
+  const int64_t panel_elems = kMqaPanel * a.d;
+  const int64_t block_panels = (pa.block_kv + kMqaPanel - 1) / kMqaPanel;
+  const int64_t steps = mqa_detail::tile_steps(pa.next_n * a.heads, a.d);
+  const bool ahead = mqa_pack_ahead(pa.next_n, a.heads);
+  const auto block_at = [&](int64_t blk) { return pa.kv_cache + ids[blk] * pa.block_bytes; };
+  // The kv rows [c0, c0 + 64) of block blk.
+  const auto codes_of = [&](int64_t blk, int64_t c0) {
+    return reinterpret_cast<const e4m3*>(block_at(blk) + mla::indexer_codes_offset(0, a.d)) +
+           c0 * a.d;
+  };
+  const auto rows_of = [&](int64_t c0) {
+    return static_cast<int>(std::min(kMqaPanel, pa.block_kv - c0));
+  };
+  const auto pack_now = [&](int64_t blk, int64_t c0, bf16* panel) {
+    tile::pack_b_vnni_nt_widen<V>(codes_of(blk, c0), a.d, static_cast<int>(a.d), rows_of(c0), panel,
+                                  2 * kMqaPanel, static_cast<int>(a.d),
+                                  static_cast<int>(kMqaPanel));
+  };
+  // Blocks sit anywhere in the cache, so the hardware prefetchers would meet each one cold: the
+  // block packed next after this one's (blk + 2 when packing ahead) is brought towards L2 during
+  // this one's products, a few lines per tile step (a burst of 132 prefetches stalls the loads of
+  // the products).
+  const int64_t distance = ahead ? 2 : 1;
+  if (ahead) {
+    if (blk0 + 1 < blk1) tile::prefetch_l2(block_at(blk0 + 1), pa.block_bytes);
+    pack_now(blk0, 0, panels);
+  }
+  int64_t current = 0;  // which of the two panels holds the products' operand
   for (int64_t blk = blk0; blk < blk1; ++blk) {
-    // The next block towards L2 while this one is computed (blocks sit anywhere in the cache, so
-    // the hardware prefetchers would meet each one cold), a few lines per tile step: a burst of
-    // 132 prefetches stalls the loads of the products.
-    tile::PrefetchFeed next;
-    if (blk + 1 < blk1)
-      next = {
-          .base = reinterpret_cast<const std::byte*>(pa.kv_cache) + ids[blk + 1] * pa.block_bytes,
-          .row_bytes = pa.block_bytes,
-          .rows = 1};
-    const int lines_per_step = static_cast<int>((next.lines_left() + steps - 1) / steps);
-    const uint8_t* block = pa.kv_cache + ids[blk] * pa.block_bytes;
-    const auto* codes = reinterpret_cast<const e4m3*>(block + mla::indexer_codes_offset(0, a.d));
+    tile::PrefetchFeed later;
+    if (blk + distance < blk1)
+      later = {.base = reinterpret_cast<const std::byte*>(block_at(blk + distance)),
+               .row_bytes = pa.block_bytes,
+               .rows = 1};
+    const int lines_per_step =
+        static_cast<int>((later.lines_left() + block_panels * steps - 1) / (block_panels * steps));
+    const uint8_t* block = block_at(blk);
     for (int64_t c0 = 0; c0 < pa.block_kv; c0 += kMqaPanel) {
       const int64_t n = std::min(kMqaPanel, pa.block_kv - c0);
-      tile::pack_b_vnni_nt_widen<V>(codes + c0 * a.d, a.d, static_cast<int>(a.d),
-                                    static_cast<int>(n), panel, 2 * kMqaPanel,
-                                    static_cast<int>(a.d), static_cast<int>(kMqaPanel));
+      bf16* operand = panels + current * panel_elems;
+      mqa_detail::PanelFeed<V> feed{.prefetch = &later, .steps = steps};
+      if (!ahead) {
+        pack_now(blk, c0, operand);
+      } else if (const int64_t next = c0 + kMqaPanel < pa.block_kv ? blk : blk + 1; next < blk1) {
+        const int64_t next_c0 = next == blk ? c0 + kMqaPanel : 0;
+        feed.codes = codes_of(next, next_c0);
+        feed.d = a.d;
+        feed.n = rows_of(next_c0);
+        feed.panel = panels + (current ^ 1) * panel_elems;
+        feed.parts = tile::pack_widen_parts(static_cast<int>(a.d), kMqaPanel);
+      }
       float sf[kMqaPanel] = {};  // the scales may sit at any 4-byte offset
       std::memcpy(sf, block + mla::indexer_scale_offset(c0, pa.block_kv, a.d),
                   static_cast<size_t>(n) * sizeof(float));
+      panel_logits<I, kTiles>(a, i0, pa.next_n, operand, sf, s, unit, &feed, lines_per_step);
+      feed.finish();
+      if (ahead) current ^= 1;
       const int64_t t0 = blk * pa.block_kv + c0;
-      panel_logits<I, kTiles>(a, i0, pa.next_n, panel, sf, s, unit, &next, lines_per_step);
       for (int64_t j = 0; j < pa.next_n; ++j) {
         const int64_t end = std::min(paged_valid_len(pa, b, j), t0 + n);
         for (int64_t t = t0; t < end; ++t)

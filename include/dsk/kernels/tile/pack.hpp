@@ -133,28 +133,25 @@ constexpr convert_detail::UnpackOrder make_vnni_pair_split() {
 }
 inline constexpr convert_detail::UnpackOrder kVnniPairSplit = make_vnni_pair_split();
 
-// pack_vnni_nt_avx512 of e4m3 codes widened to bf16 in the same pass: the transpose moves codes
-// (half the bytes of their bf16 values) and the widening shuffle also splits the groups.
-inline void pack_vnni_nt_widen_avx512(const e4m3* b, int64_t ldb, int k, int n, bf16* dst,
-                                      int64_t ld_dst, int k_pad, int n_pad) {
+// One part of pack_vnni_nt_avx512 of e4m3 codes widened to bf16 in the same pass: columns
+// [n0, n0 + 16) x depth [k0, k0 + 64). The transpose moves codes (half the bytes of their bf16
+// values) and the widening shuffle also splits the groups.
+inline void pack_vnni_nt_widen_part_avx512(const e4m3* b, int64_t ldb, int k, int n, bf16* dst,
+                                           int64_t ld_dst, int k_pad, int n_pad, int n0, int k0) {
   const int groups = k_pad / 2;
-  for (int n0 = 0; n0 < n_pad; n0 += 16) {
-    const __mmask16 store_mask = low_lanes_mask(n_pad - n0);
-    for (int k0 = 0; k0 < k_pad; k0 += 64) {
-      const __mmask64 load_mask = low_bytes_mask(k - k0);
-      __m512i rows[16];
-      for (int i = 0; i < 16; ++i)
-        rows[i] = n0 + i < n && k0 < k ? _mm512_maskz_loadu_epi8(load_mask, b + (n0 + i) * ldb + k0)
-                                       : _mm512_setzero_si512();
-      transpose_16x16_epi32(rows);
-      for (int j = 0; j < 16 && k0 / 2 + 2 * j < groups; ++j) {
-        const int g = k0 / 2 + 2 * j;
-        const Bf16x64 v = e4m3x64_to_bf16_ordered(rows[j], kVnniPairSplit);
-        _mm512_mask_storeu_epi32(dst + g * ld_dst + n0 * 2, store_mask, v.first);
-        if (g + 1 < groups)
-          _mm512_mask_storeu_epi32(dst + (g + 1) * ld_dst + n0 * 2, store_mask, v.second);
-      }
-    }
+  const __mmask16 store_mask = low_lanes_mask(n_pad - n0);
+  const __mmask64 load_mask = low_bytes_mask(k - k0);
+  __m512i rows[16];
+  for (int i = 0; i < 16; ++i)
+    rows[i] = n0 + i < n && k0 < k ? _mm512_maskz_loadu_epi8(load_mask, b + (n0 + i) * ldb + k0)
+                                   : _mm512_setzero_si512();
+  transpose_16x16_epi32(rows);
+  for (int j = 0; j < 16 && k0 / 2 + 2 * j < groups; ++j) {
+    const int g = k0 / 2 + 2 * j;
+    const Bf16x64 v = e4m3x64_to_bf16_ordered(rows[j], kVnniPairSplit);
+    _mm512_mask_storeu_epi32(dst + g * ld_dst + n0 * 2, store_mask, v.first);
+    if (g + 1 < groups)
+      _mm512_mask_storeu_epi32(dst + (g + 1) * ld_dst + n0 * 2, store_mask, v.second);
   }
 }
 
@@ -226,20 +223,40 @@ void pack_b_vnni_nt(const T* b, int64_t ldb, int k, int n, T* dst, int64_t ld_ds
   }
 }
 
+// pack_b_vnni_nt_widen (below) in parts of 16 columns x 64 depth, so that a kernel can spread the
+// packing over other work: pack_widen_parts(k_pad, n_pad) parts, numbered 0 up; the parts write
+// disjoint bytes, all of them together the bytes of pack_b_vnni_nt_widen.
+inline int pack_widen_parts(int k_pad, int n_pad) {
+  return (n_pad + 15) / 16 * ((k_pad + 63) / 64);
+}
+
+template <Isa I>
+void pack_b_vnni_nt_widen_part(const e4m3* b, int64_t ldb, int k, int n, bf16* dst, int64_t ld_dst,
+                               int k_pad, int n_pad, int part) {
+  static_assert(isa_compiled<I>, "this translation unit lacks the instructions of the ISA");
+  const int k_parts = (k_pad + 63) / 64;
+  const int n0 = part / k_parts * 16, k0 = part % k_parts * 64;
+  if constexpr (std::same_as<vector_isa_t<I>, generic_t>) {
+    const auto at = [&](int kk, int nn) {
+      return convert_scalar<bf16>(b[(n0 + nn) * ldb + k0 + kk]);
+    };
+    detail::pack_vnni_generic<bf16>(at, std::clamp(k - k0, 0, 64), std::clamp(n - n0, 0, 16),
+                                    dst + k0 / 2 * ld_dst + n0 * 2, ld_dst,
+                                    std::min(64, k_pad - k0), std::min(16, n_pad - n0));
+  } else {
+#if DSK_TILE_HAS_AVX512
+    detail::pack_vnni_nt_widen_part_avx512(b, ldb, k, n, dst, ld_dst, k_pad, n_pad, n0, k0);
+#endif
+  }
+}
+
 // pack_b_vnni_nt of e4m3 codes b (N x K) widened to bf16 (exactly) on the way: the same bytes
 // as widening B into a copy and packing that, without the copy.
 template <Isa I>
 void pack_b_vnni_nt_widen(const e4m3* b, int64_t ldb, int k, int n, bf16* dst, int64_t ld_dst,
                           int k_pad, int n_pad) {
-  static_assert(isa_compiled<I>, "this translation unit lacks the instructions of the ISA");
-  if constexpr (std::same_as<vector_isa_t<I>, generic_t>) {
-    const auto at = [&](int kk, int nn) { return convert_scalar<bf16>(b[nn * ldb + kk]); };
-    detail::pack_vnni_generic<bf16>(at, k, n, dst, ld_dst, k_pad, n_pad);
-  } else {
-#if DSK_TILE_HAS_AVX512
-    detail::pack_vnni_nt_widen_avx512(b, ldb, k, n, dst, ld_dst, k_pad, n_pad);
-#endif
-  }
+  for (int part = 0; part < pack_widen_parts(k_pad, n_pad); ++part)
+    pack_b_vnni_nt_widen_part<I>(b, ldb, k, n, dst, ld_dst, k_pad, n_pad, part);
 }
 
 }  // namespace DSK_TILE_ABI

@@ -47,6 +47,7 @@ struct PrefetchFeed {
     const auto address = [this](int64_t r) -> const void* { return base + r * row_stride; };
     feed_lines(address, rows, row_bytes, row, offset, lines);
   }
+  void finish() { feed(lines_left()); }
 };
 
 }  // namespace DSK_TILE_ABI
