@@ -83,6 +83,10 @@ struct Scratch {
   float* s;        // [chunk][rows_pad]
   float* alpha;    // [rows_pad]
   float* o_block;  // [32][32]: one block of a chunk's P . V out of the tile registers
+  // The tile path's 32-key blocks of a chunk: block b's key rows start at key_block[b], key_ld[b]
+  // bf16 apart (in s.keys, or where the source holds them).
+  const bf16* key_block[kTileChunk / 32];
+  int64_t key_ld[kTileChunk / 32];
 };
 
 // The running state of an item (or of one split of it).
@@ -167,7 +171,9 @@ inline int64_t state_floats(const Problem& p) {
 
 // ---- key sources: where key ordinal k of an item's list lies ----
 // Each source gives row(k, scratch_row), the d_qk bf16 of key k (written into scratch_row when it
-// has to be converted), and address(k), the first byte of its stored form, with bytes() of them:
+// has to be converted), run_stride(k, count), the stride of keys [k, k + count) when they are bf16
+// rows at one stride where they lie (else 0), and address(k), the first byte of its stored form,
+// with bytes() of them:
 // the next chunk's keys are prefetched into L2 while the current one is computed, because the
 // gathered rows are scattered and the hardware prefetcher cannot follow them.
 
@@ -203,6 +209,7 @@ struct GatherSource {
   const bf16* row(int64_t k, bf16*) const { return kv + index[k] * stride; }
   const void* address(int64_t k) const { return row(k, nullptr); }
   static constexpr int64_t bytes(int64_t row_bytes) { return row_bytes; }
+  static constexpr int64_t run_stride(int64_t, int64_t) { return 0; }  // scattered rows
 };
 
 // Dense decode: position k of a request in a paged bf16 cache [blocks, page, h_kv, d_qk].
@@ -215,6 +222,10 @@ struct PagedSource {
   }
   const void* address(int64_t k) const { return row(k, nullptr); }
   static constexpr int64_t bytes(int64_t row_bytes) { return row_bytes; }
+  // Keys [k, k + count) are rows token_stride apart when they share a page, else 0.
+  int64_t run_stride(int64_t k, int64_t count) const {
+    return k / page == (k + count - 1) / page ? token_stride : 0;
+  }
 };
 
 // Sparse FP8 decode: 656-byte tokens by global slot, dequantized into the scratch row.
@@ -237,6 +248,7 @@ struct Fp8Source {
     return dst;
   }
   static constexpr int64_t bytes(int64_t) { return kTokenBytes; }
+  static constexpr int64_t run_stride(int64_t, int64_t) { return 0; }  // dequantized rows
   // kv_format.hpp's dequantize_token_bf16, 16 values at a time (64 with a power-of-two scale).
   static void dequantize(const uint8_t* token, bf16* dst) {
     using S = tk::kernels::Simd<I>;
@@ -474,41 +486,55 @@ inline void copy_row(const bf16* src, size_t bytes, bf16* dst) {
   std::memcpy(static_cast<void*>(dst), src, bytes);
 }
 
-// The chunk's keys [kc, kc + n) copied (or dequantized) into s.keys as rows of d_qk, zero rows up
-// to `width`, and V's key pairs of those rows into s.v_panel: each key is read from its source
-// once, then packed for both products from L1. With each row, lines_per_row lines of `next` (the
-// next chunk's keys) are prefetched.
+// The chunk's keys [kc, kc + n) as the 32-key blocks of s.key_block, zero rows up to `width`,
+// and V's key pairs of those rows into s.v_panel: a whole block of rows one stride apart where
+// they lie (a page of the dense decode's cache) is read there, by the tile loads and the pairing;
+// any other block is copied (or dequantized) into s.keys first. Either way each key is read from
+// its source once and packed from L1. With each row, lines_per_row lines of `next` (the next
+// chunk's keys) are prefetched.
 template <class V, class Source>
 void gather_chunk(const Problem& p, const Source& src, int64_t kc, int64_t n, int64_t width,
                   KeyFeed<Source>& next, int lines_per_row, Scratch& s) {
   const auto row_bytes = static_cast<size_t>(2 * p.d_qk);
-  for (int64_t r = 0; r < width; ++r) {
-    bf16* dst = s.keys + r * p.d_qk;
-    next.feed(lines_per_row);
-    if (r < n) {
-      const bf16* row = src.row(kc + r, dst);
-      if (row != dst) copy_row<V>(row, row_bytes, dst);
-    } else {
-      std::memset(static_cast<void*>(dst), 0, row_bytes);
+  for (int64_t r0 = 0; r0 < width; r0 += 32) {
+    const int64_t ld = r0 + 32 <= n ? src.run_stride(kc + r0, 32) : 0;
+    const bf16* block = ld != 0 ? src.row(kc + r0, nullptr) : s.keys + r0 * p.d_qk;
+    s.key_block[r0 / 32] = block;
+    s.key_ld[r0 / 32] = ld != 0 ? ld : p.d_qk;
+    for (int64_t r = r0; r < r0 + 32; ++r) {
+      next.feed(lines_per_row);
+      if (ld == 0) {
+        bf16* dst = s.keys + r * p.d_qk;
+        if (r < n) {
+          const bf16* row = src.row(kc + r, dst);
+          if (row != dst) copy_row<V>(row, row_bytes, dst);
+        } else {
+          std::memset(static_cast<void*>(dst), 0, row_bytes);
+        }
+      }
+      if (r % 2 == 1) {  // width is even
+        const bf16* pair = block + (r - 1 - r0) * s.key_ld[r0 / 32];
+        interleave_rows<V>(pair, pair + s.key_ld[r0 / 32], p.d_v,
+                           s.v_panel + r / 2 * v_panel_ld(p));
+      }
     }
-    if (r % 2 == 1)  // width is even
-      interleave_rows<V>(dst - p.d_qk, dst, p.d_v, s.v_panel + r / 2 * v_panel_ld(p));
   }
 }
 
-// S^T [width keys][rows_pad] = keys . Q^T, in 32 x 32 blocks over d_qk.
+// S^T [width keys][rows_pad] = keys . Q^T (the blocks of s.key_block), in 32 x 32 blocks over d_qk.
 template <tile::Isa T, class Feed>
 void tile_scores(TileUnitOf<T>& u, const Problem& p, int64_t width, Scratch& s, Feed& feed,
                  int lines_per_step) {
   for (int64_t k0 = 0; k0 < width; k0 += 32) {
-    const bf16* a = s.keys + k0 * p.d_qk;
+    const bf16* a = s.key_block[k0 / 32];
+    const int64_t lda = s.key_ld[k0 / 32];
     float* c = s.s + k0 * p.rows_pad;
     int64_t c0 = 0;
     for (; c0 + 32 <= p.rows_pad; c0 += 32)
-      tile::mma_block<T, 32, 32>(u, a, p.d_qk, s.q_panel + 2 * c0, q_panel_ld(p), p.d_qk, c + c0,
+      tile::mma_block<T, 32, 32>(u, a, lda, s.q_panel + 2 * c0, q_panel_ld(p), p.d_qk, c + c0,
                                  p.rows_pad, false, &feed, lines_per_step);
     if (c0 < p.rows_pad)
-      tile::mma_block<T, 32, 16>(u, a, p.d_qk, s.q_panel + 2 * c0, q_panel_ld(p), p.d_qk, c + c0,
+      tile::mma_block<T, 32, 16>(u, a, lda, s.q_panel + 2 * c0, q_panel_ld(p), p.d_qk, c + c0,
                                  p.rows_pad, false, &feed, lines_per_step);
   }
 }
