@@ -341,7 +341,7 @@ struct PanelFeed {
     while (packed < parts) pack(packed++);
   }
   // Out of line: inlined, its loops would sit inside every tile step's loop (the step loop of the
-  // paged kernel grew threefold and ran 4-6% slower at next_n = 2).
+  // paged kernel grew threefold and ran 2-4% slower at next_n = 2).
   [[gnu::noinline]] void pack(int part) const {
     tile::pack_b_vnni_nt_widen_part<V>(codes, d, static_cast<int>(d), n, panel, 2 * kMqaPanel,
                                        static_cast<int>(d), static_cast<int>(kMqaPanel), part);
