@@ -154,6 +154,39 @@ TEST(Tensor, LargeStridedCopiesMatchTheElementRule) {
   }
 }
 
+TEST(Tensor, LargeContiguousCopiesKeepEveryByte) {
+  const int threads = get_num_threads();
+  // Below the parallel size, above it, and above the streaming size with a tail that is not a
+  // whole chunk or line; dst at an offset of 4 bytes as well, so no store may assume alignment.
+  for (const int64_t bytes : {int64_t{600} << 10, int64_t{3} << 20, (int64_t{9} << 20) + 36}) {
+    Tensor src = Tensor::empty({bytes}, DType::u8);
+    for (int64_t i = 0; i < bytes; ++i) src.data<uint8_t>()[i] = static_cast<uint8_t>(i * 7 + 1);
+    for (int n : {1, std::max(2, threads)}) {
+      set_num_threads(n);
+      for (const int64_t offset : {int64_t{0}, int64_t{4}}) {
+        Tensor buffer = Tensor::empty({bytes + offset}, DType::u8);
+        buffer.fill_bytes_(0xAB);
+        buffer.slice(0, offset, offset + bytes).copy_(src);
+        EXPECT_EQ(std::memcmp(buffer.data<uint8_t>() + offset, src.data<uint8_t>(),
+                              static_cast<size_t>(bytes)),
+                  0)
+            << bytes << " bytes, threads " << n << ", offset " << offset;
+        if (offset > 0) {
+          EXPECT_EQ(buffer.data<uint8_t>()[offset - 1], 0xAB);
+        }
+      }
+    }
+  }
+  set_num_threads(threads);
+  // Overlapping contiguous views of one buffer copy as memmove does.
+  const int64_t n = int64_t{2} << 20;
+  Tensor buffer = Tensor::empty({n + 1000}, DType::i32);
+  for (int64_t i = 0; i < buffer.numel(); ++i) buffer.data<int32_t>()[i] = static_cast<int32_t>(i);
+  buffer.slice(0, 1000, n + 1000).copy_(buffer.slice(0, 0, n));
+  for (int64_t i : {int64_t{0}, int64_t{999}, int64_t{1000}, n / 2, n + 999})
+    EXPECT_EQ(buffer.data<int32_t>()[i], i < 1000 ? i : i - 1000) << i;
+}
+
 TEST(Tensor, FillBytesPoisonsOnlyTheView) {
   Tensor t = Tensor::zeros({4, 4}, DType::f32);
   t.slice(1, 1, 3).fill_bytes_(0xFF);
