@@ -34,6 +34,20 @@ bool overlap(const Tensor& a, const Tensor& b) {
   return x.lo != nullptr && y.lo != nullptr && x.lo < y.hi && y.lo < x.hi;
 }
 
+// Whether no two rows of a batched [G, M, N] output (stride 1 in N) share an element: the
+// dimension of the smaller stride steps over whole rows, the other over all of it. This covers a
+// contiguous batch and a transposed view such as [M, G, N].transpose(0, 1).
+bool groups_disjoint(const Tensor& d) {
+  struct Dim {
+    int64_t size, stride;
+  };
+  Dim inner{d.size(0), d.stride(0)}, outer{d.size(1), d.stride(1)};
+  if (inner.size > 1 && (outer.size <= 1 || inner.stride > outer.stride)) std::swap(inner, outer);
+  if (inner.size <= 1) inner = {1, d.size(2)};
+  if (outer.size <= 1) return inner.stride >= d.size(2);
+  return inner.stride >= d.size(2) && outer.stride >= inner.size * inner.stride;
+}
+
 uint8_t fp4_nibble(const uint8_t* byte, int index) {
   return index == 0 ? (*byte & 0xF) : (*byte >> 4);
 }
@@ -46,9 +60,8 @@ OperandInfo parse_operand(const char* fn, const char* arg, const Tensor& t, int 
                           std::initializer_list<DType> dtypes) {
   check::dtype_in(fn, arg, t, dtypes);
   check::dim(fn, arg, t, dims);
-  if (dims == 3)
-    DSK_CHECK_ARG(t.size(0) <= 1 || t.stride(0) == t.size(1) * t.size(2), fn, arg,
-                  "a contiguous batch (stride(0) == size(1) * size(2))", t.describe());
+  // A batch may have any group stride: each group's rows are read at their own base (a view such
+  // as [T, G, K].transpose(0, 1) is read in place, where upstream needs a contiguous copy).
   OperandInfo op;
   op.data = t;
   // Upstream's major rule; a dimension of size 1 may carry any stride.
@@ -131,12 +144,11 @@ void check_output(const char* fn, const char* arg, const Tensor& d, int dims,
                 "a row-major (N-major) tensor: stride 1 in the last dimension", d.describe());
   DSK_CHECK_ARG(d.size(-2) <= 1 || d.stride(-2) >= d.size(-1), fn, arg,
                 "rows that do not overlap (stride(-2) >= size(-1))", d.describe());
-  if (dims == 3) {
-    DSK_CHECK_ARG(d.size(0) <= 1 || d.stride(0) == d.size(1) * d.size(2), fn, arg,
-                  "a contiguous batch (stride(0) == size(1) * size(2))", d.describe());
-    DSK_CHECK_ARG(d.size(0) <= 1 || d.size(1) <= 1 || d.stride(1) == d.size(2), fn, arg,
-                  "contiguous rows in a batched output", d.describe());
-  }
+  if (dims == 3)
+    DSK_CHECK_ARG(groups_disjoint(d), fn, arg,
+                  "groups whose rows do not overlap (the smaller of stride(0) and stride(1) at "
+                  "least size(2), the larger spanning the other dimension)",
+                  d.describe());
 }
 
 engine::Output engine_output(const Tensor& d, int64_t group, int64_t r0, int64_t r1) {

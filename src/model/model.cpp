@@ -630,10 +630,11 @@ Tensor Model::Impl::attention(int l, const Tensor& x_n, const Batch& b) {
   {
     // Absorbed query [q_nope . W_UK | q_pe].
     const auto t = time("attn.absorb");
-    const Tensor q_nope = q.slice(2, 0, nope).transpose(0, 1).contiguous();  // [h, T, 128]
-    Tensor q_abs = Tensor::empty({h, T, lat}, DType::bf16);
-    gemm::m_grouped_bf16_gemm_nt_masked(q_nope, a.w_uk, q_abs, masked, static_cast<int>(T));
-    q_mla.slice(2, 0, lat).copy_(q_abs.transpose(0, 1));
+    // The GEMM reads q_nope [h, T, 128] and writes q_mla's first lat columns [h, T, lat] through
+    // transposed views (it takes any group stride): no copies of either.
+    gemm::m_grouped_bf16_gemm_nt_masked(q.slice(2, 0, nope).transpose(0, 1), a.w_uk,
+                                        q_mla.slice(2, 0, lat).transpose(0, 1), masked,
+                                        static_cast<int>(T));
     q_mla.slice(2, lat, lat + rope).copy_(q.slice(2, nope, nope + rope));
   }
   Tensor o_lat;
@@ -643,10 +644,11 @@ Tensor Model::Impl::attention(int l, const Tensor& x_n, const Batch& b) {
   }
   // o[h] = W_UV[h] . o_lat[h], then the output projection.
   const auto t = time("attn.out");
-  const Tensor o_heads = o_lat.transpose(0, 1).contiguous();  // [h, T, 512]
-  Tensor o = Tensor::empty({h, T, config.v_head_dim}, DType::bf16);
-  gemm::m_grouped_bf16_gemm_nt_masked(o_heads, a.w_uv, o, masked, static_cast<int>(T));
-  return linear(o.transpose(0, 1).contiguous().view({T, h * config.v_head_dim}), a.wo);
+  // Heads as groups through transposed views of o_lat [T, h, 512] and o [T, h, v]: no copies.
+  Tensor o = Tensor::empty({T, h, config.v_head_dim}, DType::bf16);
+  gemm::m_grouped_bf16_gemm_nt_masked(o_lat.transpose(0, 1), a.w_uv, o.transpose(0, 1), masked,
+                                      static_cast<int>(T));
+  return linear(o.view({T, h * config.v_head_dim}), a.wo);
 }
 
 Tensor Model::Impl::sparse_attention(int l, const Tensor& q_mla, const Tensor& indices,

@@ -201,6 +201,19 @@ TEST_F(Errors, MaskedLayouts) {
   EXPECT_ARG_ERROR(
       gemm::m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, Tensor::zeros({2}, DType::i32), 0), fn,
       "expected_m");
+  // An output whose groups share rows: [m, n] seen twice (group stride 0), or groups n apart
+  // with rows n apart (each row of group 1 is a row of group 0).
+  const Tensor rows = Tensor::empty({m + 1, n}, DType::bf16);
+  masked.data<int32_t>()[1] = 16;
+  for (const Shape& strides : {Shape{0, n, 1}, Shape{n, n, 1}})
+    EXPECT_ARG_ERROR(
+        gemm::m_grouped_fp8_fp4_gemm_nt_masked(
+            a, b, Tensor::from_blob(rows.data_ptr(), {groups, m, n}, DType::bf16, strides), masked,
+            8),
+        fn, "d");
+  // Groups n apart with rows n * groups apart (a transposed [m, groups, n]) are valid.
+  const Tensor by_row = Tensor::empty({m, groups, n}, DType::bf16);
+  gemm::m_grouped_fp8_fp4_gemm_nt_masked(a, b, by_row.transpose(0, 1), masked, 8);
   const Fp8Tensor b3{Tensor::zeros({3, n, k}, DType::e4m3), Tensor::zeros({3, 1, 1}, DType::f32)};
   EXPECT_ARG_ERROR(
       gemm::m_grouped_fp8_fp4_gemm_nt_masked(a, b3, d, Tensor::zeros({2}, DType::i32), 8), fn,

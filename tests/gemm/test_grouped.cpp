@@ -283,6 +283,49 @@ TEST_F(MGroupedMasked, Fp8AndBf16RowsPastMaskedMUntouched) {
   }
 }
 
+// A read from a [M, G, K] tensor and D written into a [M, G, N] one through transposed views (the
+// model's attention heads) give the bits of the contiguous call, and rows past masked_m of the
+// view stay untouched.
+TEST_F(MGroupedMasked, TransposedViewsGiveTheSameBits) {
+  SCOPED_TRACE(seed_note());
+  const int64_t groups = 3, max_m = 40, n = 96, k = 160;
+  const std::vector<int32_t> counts = {40, 0, 23};
+  Tensor masked_m = Tensor::empty({groups}, DType::i32);
+  std::copy(counts.begin(), counts.end(), masked_m.data<int32_t>());
+  const Tensor a_by_row = randn_bf16({max_m, groups, k}), b = randn_bf16({groups, n, k});
+  const Tensor a = a_by_row.transpose(0, 1), a_contiguous = a.contiguous();
+  const auto compare = [&](const Tensor& d_view, const Tensor& d, const char* what) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t rows = counts[static_cast<size_t>(g)];
+      EXPECT_TRUE(bitwise_equal(d_view.select(0, g).slice(0, 0, rows).contiguous(),
+                                d.select(0, g).slice(0, 0, rows)))
+          << what << " group " << g;
+      EXPECT_EQ(ref::count_poisoned(d_view.select(0, g).slice(0, rows, max_m)), (max_m - rows) * n)
+          << what << ": rows past masked_m written, group " << g;
+    }
+  };
+  {
+    Tensor d = poisoned({groups, max_m, n}, DType::bf16);
+    Tensor d_by_row = poisoned({max_m, groups, n}, DType::bf16);
+    gemm::m_grouped_bf16_gemm_nt_masked(a_contiguous, b, d, masked_m, 32);
+    gemm::m_grouped_bf16_gemm_nt_masked(a, gemm::pack_weight(b), d_by_row.transpose(0, 1), masked_m,
+                                        32);
+    compare(d_by_row.transpose(0, 1), d, "bf16");
+  }
+  const GroupedConfig& cfg = kGroupedConfigs[0];
+  const QuantOperand qa = quantize_groups(a_contiguous, cfg.a), qb = quantize_groups(b, cfg.b);
+  Tensor codes_by_row = Tensor::empty({max_m, groups, k}, qa.x.data.dtype());
+  codes_by_row.transpose(0, 1).copy_(qa.x.data);
+  Tensor d = poisoned({groups, max_m, n}, DType::bf16);
+  Tensor d_by_row = poisoned({max_m, groups, n}, DType::bf16);
+  gemm::m_grouped_fp8_fp4_gemm_nt_masked(qa.x, qb.x, d, masked_m, 32, std::nullopt, qa.recipe,
+                                         qb.recipe);
+  gemm::m_grouped_fp8_fp4_gemm_nt_masked({codes_by_row.transpose(0, 1), qa.x.sf}, qb.x,
+                                         d_by_row.transpose(0, 1), masked_m, 32, std::nullopt,
+                                         qa.recipe, qb.recipe);
+  compare(d_by_row.transpose(0, 1), d, cfg.name);
+}
+
 // ---- K-grouped ----
 
 struct KGroups {
