@@ -358,7 +358,7 @@ void for_each_row_pair(const Tensor& dst, const Tensor& src, Fn fn) {
   }
 }
 
-// The bytes [first, last) that a tensor's elements span.
+// The bytes [first, last) that a tensor's elements span (numel() > 0).
 std::pair<const char*, const char*> byte_span(const Tensor& t) {
   const auto* base = static_cast<const char*>(t.data_ptr());
   int64_t lo = 0, hi = 0;
@@ -426,21 +426,21 @@ void copy_bytes_parallel(std::byte* d, const std::byte* s, size_t bytes) {
   });
 }
 
-// Whether the byte ranges [a0, a1) and [b0, b1) are disjoint.
-bool disjoint(const char* a0, const char* a1, const char* b0, const char* b1) {
-  return a1 <= b0 || b1 <= a0;
-}
-
 }  // namespace
+
+bool Tensor::may_overlap(const Tensor& other) const {
+  if (numel() == 0 || other.numel() == 0) return false;
+  const auto [a0, a1] = byte_span(*this);
+  const auto [b0, b1] = byte_span(other);
+  return a0 < b1 && b0 < a1;
+}
 
 void Tensor::copy_(const Tensor& src) {
   DSK_CHECK_ARG(src.dtype() == dtype_, "Tensor::copy_", "src",
                 "dtype " + std::string(dtype_name(dtype_)), src.dtype());
   DSK_CHECK_ARG(src.sizes() == sizes_, "Tensor::copy_", "src", describe(), src.describe());
   if (numel() == 0) return;
-  const auto [d0, d1] = byte_span(*this);
-  const auto [s0, s1] = byte_span(src);
-  const bool parallel = nbytes() >= kParallelCopyBytes && disjoint(d0, d1, s0, s1);
+  const bool parallel = nbytes() >= kParallelCopyBytes && !may_overlap(src);
   if (is_contiguous() && src.is_contiguous()) {
     if (parallel)
       copy_bytes_parallel(static_cast<std::byte*>(data_), static_cast<const std::byte*>(src.data_),

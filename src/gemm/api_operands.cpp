@@ -11,29 +11,6 @@
 namespace dsk::gemm::api {
 namespace {
 
-// The half-open byte range a strided tensor touches (empty for no elements).
-struct ByteRange {
-  const char* lo = nullptr;
-  const char* hi = nullptr;
-};
-
-ByteRange byte_range(const Tensor& t) {
-  if (t.numel() == 0) return {};
-  const auto es = static_cast<int64_t>(t.element_size());
-  int64_t lo = 0, hi = 0;
-  for (int d = 0; d < t.dim(); ++d) {
-    const int64_t span = (t.size(d) - 1) * t.stride(d);
-    (span < 0 ? lo : hi) += span;
-  }
-  const char* base = static_cast<const char*>(t.data_ptr());
-  return {base + lo * es, base + (hi + 1) * es};
-}
-
-bool overlap(const Tensor& a, const Tensor& b) {
-  const ByteRange x = byte_range(a), y = byte_range(b);
-  return x.lo != nullptr && y.lo != nullptr && x.lo < y.hi && y.lo < x.hi;
-}
-
 // Whether no two rows of a batched [G, M, N] output (stride 1 in N) share an element: the
 // dimension of the smaller stride steps over whole rows, the other over all of it. This covers a
 // contiguous batch and a transposed view such as [M, G, N].transpose(0, 1).
@@ -178,7 +155,7 @@ bool early_return(const char* fn, int64_t m, int64_t n, int64_t k, const Tensor&
       DSK_CHECK_ARG(c->strides() == d.strides(), fn, "c", "the strides of d when c is d",
                     c->describe());
     else
-      DSK_CHECK_ARG(!overlap(*c, d), fn, "c", "d itself or a tensor that does not overlap d",
+      DSK_CHECK_ARG(!c->may_overlap(d), fn, "c", "d itself or a tensor that does not overlap d",
                     "a tensor partially overlapping d");
   }
   if (m == 0 || n == 0) return true;

@@ -187,6 +187,18 @@ TEST(Tensor, LargeContiguousCopiesKeepEveryByte) {
     EXPECT_EQ(buffer.data<int32_t>()[i], i < 1000 ? i : i - 1000) << i;
 }
 
+TEST(Tensor, MayOverlapComparesTheSpannedBytes) {
+  const Tensor t = Tensor::empty({8, 6}, DType::f32);
+  EXPECT_TRUE(t.may_overlap(t));
+  EXPECT_FALSE(t.slice(0, 0, 4).may_overlap(t.slice(0, 4, 8)));
+  EXPECT_TRUE(t.slice(0, 0, 5).may_overlap(t.slice(0, 4, 8)));
+  // Interleaved columns span the same bytes: counted as overlapping (the test is conservative).
+  EXPECT_TRUE(t.slice(1, 0, 3).may_overlap(t.slice(1, 3, 6)));
+  EXPECT_TRUE(t.transpose(0, 1).may_overlap(t.select(0, 7)));
+  EXPECT_FALSE(t.slice(0, 2, 2).may_overlap(t));  // empty
+  EXPECT_FALSE(t.may_overlap(Tensor::empty({8, 6}, DType::f32)));
+}
+
 TEST(Tensor, FillBytesPoisonsOnlyTheView) {
   Tensor t = Tensor::zeros({4, 4}, DType::f32);
   t.slice(1, 1, 3).fill_bytes_(0xFF);

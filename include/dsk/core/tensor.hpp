@@ -57,6 +57,9 @@ class Tensor {
   // numel() * element_size(): the bytes a contiguous copy occupies.
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
   bool is_contiguous() const;
+  // Whether the byte ranges the two tensors' elements span intersect (a conservative test:
+  // interleaved views of one buffer count as overlapping; empty tensors overlap nothing).
+  bool may_overlap(const Tensor& other) const;
 
   void* data_ptr() const { return data_; }
   // Typed pointer; raises dsk::Error when T does not match dtype().
