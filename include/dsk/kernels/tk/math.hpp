@@ -35,7 +35,11 @@ DSK_TK_INLINE typename S::F exp_body(typename S::F x) {
   constexpr float kLow = kSign > 0 ? -104.0f : -88.75f;
   constexpr float kHigh = kSign > 0 ? 88.75f : 104.0f;
   const F xc = S::min(S::max(x, S::set1(kLow)), S::set1(kHigh));  // NaN -> kLow here
-  const F n = S::round(S::mul(xc, S::set1(s * kLog2e)));
+  // n = round(xc log2 e) by the shifter: adding 1.5 * 2^23 leaves the integer nearest the exact
+  // product (ties to even) in the sum's last bits, and subtracting it again is exact. Two
+  // operations where VRNDSCALEPS after a product took three micro-ops (SwiGLU + cast 1.03x).
+  constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23
+  const F n = S::sub(S::fma(xc, S::set1(s * kLog2e), S::set1(kShifter)), S::set1(kShifter));
   const F r = S::fma(n, S::set1(-s * kLn2Lo), S::fma(n, S::set1(-s * kLn2Hi), xc));
   // Horner's rule written out: compilers keep a loop over the coefficients at -O2.
   F p = S::set1(s / 5040);
