@@ -776,7 +776,8 @@ namespace quant_detail {
 // group through the closure after every vector store (an intrinsic's store may alias anything)
 // and divided by the group once per block: hot, one thread, 0.22 -> 0.18 ns per value.
 // With a bf16 y (kGroup a multiple of 32), y holds the values rounded to odd, two vectors at a
-// time (Simd::store_bf16_round_odd), and block_amax those of the f32 values.
+// time (Simd::store_bf16_pairs_round_odd of a bf16 row's pairs, else store_bf16_round_odd), and
+// block_amax those of the f32 values.
 // A nonzero prefetch_stride fetches the same columns of the row that far ahead into L1, so that
 // the next row's first pass finds it there. With the f32 y of 28 KiB per row of 7168 every
 // variant of it had made the cold cast 5-15% slower; with the bf16 y it makes it 10-20% faster
@@ -795,6 +796,26 @@ DSK_TK_INLINE void rms_norm_blocks(const T* row, const W* weight, float rstd, in
     // Two accumulators, so that the maxima do not make one dependent chain.
     Amax<S> even, odd;
     typename S::F v[kVectors];
+    if constexpr (std::is_same_v<T, bf16> && std::is_same_v<Y, bf16>) {
+      // In pairs, as swiglu_blocks_odd: the row split by position, the weight alike (its f32 pairs
+      // by two permutes), narrowed back in order. Same bits; hot, one thread, 1.04x.
+#pragma GCC unroll 4
+      for (int i = 0; i < kVectors; i += 2) {
+        typename S::F w_even, w_odd;
+        S::load_bf16_pairs(row + 16 * i, &v[i], &v[i + 1]);
+        if constexpr (std::is_same_v<W, bf16>)
+          S::load_bf16_pairs(weight + 16 * i, &w_even, &w_odd);
+        else
+          S::load_f32_pairs(weight + 16 * i, &w_even, &w_odd);
+        v[i] = S::mul(S::mul(v[i], rs), w_even);
+        v[i + 1] = S::mul(S::mul(v[i + 1], rs), w_odd);
+        even.add(v[i]);
+        odd.add(v[i + 1]);
+        S::store_bf16_pairs_round_odd(y + 16 * i, v[i], v[i + 1]);
+      }
+      block_amax[kb] = S::ireduce_max(S::imax(even.bits, odd.bits));
+      continue;
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < kVectors; ++i) {
       v[i] = S::mul(S::mul(S::load(row + 16 * i), rs), S::load(weight + 16 * i));
