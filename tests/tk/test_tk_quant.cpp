@@ -6,6 +6,8 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/isa_test.hpp"
 #include "tk/tk_test.hpp"
@@ -351,6 +353,44 @@ TEST_P(Quant, SwigluCastIsSwigluThenCast) {
             }
         }
     }
+}
+
+// The NaN policy (docs/tk.md): a NaN gate or up gives a NaN output value, with or without the
+// clamp (whose bounds must not replace it), and nothing else in the row changes; the fused cast
+// then makes that block's scale NaN, as the unfused cast of the same rows does.
+TEST_P(Quant, SwigluKeepsANaNGateOrUpWithTheClamp) {
+  const uint64_t seed = fresh_seed();
+  const int64_t inter = 256;
+  Tensor x = ref::randn({4, 2 * inter}, DType::bf16, seed, 0.0f, 2.0f);
+  const bf16 nan{0x7FC0}, negative_nan{0xFFC0};
+  x.at<bf16>({0, 5}) = nan;                    // gate
+  x.at<bf16>({1, inter + 44}) = negative_nan;  // up
+  x.at<bf16>({2, 7}) = negative_nan;           // gate
+  x.at<bf16>({3, inter + 200}) = nan;          // up
+  const std::vector<std::pair<int64_t, int64_t>> nans = {{0, 5}, {1, 44}, {2, 7}, {3, 200}};
+  for (std::optional<float> clamp : {std::optional<float>{}, std::optional<float>{0.5f}}) {
+    SCOPED_TRACE(::testing::Message() << "clamp " << clamp.value_or(0) << " seed " << seed);
+    const Tensor y = swiglu_forward(x, std::nullopt, clamp);
+    const Tensor expected = ref::tk::swiglu_forward(x, std::nullopt, clamp);
+    int64_t nan_count = 0;
+    for (int64_t r = 0; r < 4; ++r)
+      for (int64_t c = 0; c < inter; ++c) {
+        const float v = y.at<float>({r, c});
+        const double e = expected.at<double>({r, c});
+        nan_count += std::isnan(v) ? 1 : 0;
+        EXPECT_EQ(std::isnan(v), std::isnan(e)) << r << ", " << c;
+        if (!std::isnan(e)) {
+          EXPECT_NEAR(v, e, 1e-5 * (1.0 + std::abs(e))) << r << ", " << c;
+        }
+      }
+    EXPECT_EQ(nan_count, static_cast<int64_t>(nans.size()));
+    for (auto [r, c] : nans) EXPECT_TRUE(std::isnan(y.at<float>({r, c}))) << r << ", " << c;
+    const QuantTensor fused = swiglu_forward_and_per_token_cast(
+        x, "e4m3", 128, std::nullopt, clamp, std::nullopt, std::nullopt, false, true, true);
+    const QuantTensor unfused = per_token_cast(y, "e4m3", 128, false, true, true);
+    EXPECT_TRUE(bitwise_equal(fused.data, unfused.data));
+    EXPECT_TRUE(bitwise_equal(fused.sf, unfused.sf));
+  }
 }
 
 TEST_P(Quant, RmsnormCastIsRmsnormThenCast) {

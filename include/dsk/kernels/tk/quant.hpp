@@ -595,7 +595,9 @@ inline bool odd_rounded_rows(const QuantOut& q, int64_t group, int64_t cols) {
 }
 
 // SwiGLU of one gate and up value: silu(g) * u (clamped when kClamp, times the routing weight
-// when kWeight).
+// when kWeight). The clamps put the value second: S::min and S::max return their second operand
+// when either is NaN (as MINPS / MAXPS do), so a NaN gate or up stays NaN, as in the reference,
+// where the other order had turned it into a clamp bound.
 template <class S, bool kClamp, bool kWeight>
 struct SwigluValue {
   using F = typename S::F;
@@ -604,8 +606,8 @@ struct SwigluValue {
       : lim(S::set1(clamp)), neg_lim(S::set1(-clamp)), w(S::set1(weight)) {}
   DSK_TK_INLINE F operator()(F g, F u) const {
     if constexpr (kClamp) {
-      g = S::min(g, lim);
-      u = S::min(S::max(u, neg_lim), lim);
+      g = S::min(lim, g);
+      u = S::min(lim, S::max(neg_lim, u));
     }
     const F v = S::mul(silu<S>(g), u);
     if constexpr (kWeight)

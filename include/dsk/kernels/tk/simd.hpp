@@ -333,6 +333,7 @@ struct Simd<tile::generic_t> {
     for (int i = 0; i < 16; ++i) r.v[i] = std::ldexp(a.v[i], static_cast<int>(n.v[i]));
     return r;
   }
+  // With a NaN operand, max and min return the second one, as MAXPS / MINPS do.
   static F max(F a, F b) {
     return map(a, b, [](float x, float y) { return x > y ? x : y; });
   }
