@@ -158,7 +158,7 @@ void e2m1_to_f32_and_bf16_on_every_byte() {
 // Runs every f32 -> narrow converter over `in` and compares with the scalar rules.
 void check_f32_encoders(const std::vector<float>& in) {
   const size_t n = in.size();
-  std::vector<bf16> b(n), b32(n), want_b(n), odd(n), want_odd(n);
+  std::vector<bf16> b(n), b32(n), want_b(n), odd(n), odd_pairs(n), want_odd(n);
   std::vector<f16> h(n), want_h(n);
   std::vector<e4m3> q(n), want_q(n);
   std::vector<e5m2> r(n), want_r(n);
@@ -177,6 +177,15 @@ void check_f32_encoders(const std::vector<float>& in) {
   for (size_t i = 0; i + 32 <= n; i += 32)
     _mm512_storeu_si512(&odd[i], tile::f32x32_to_bf16_round_odd(_mm512_loadu_ps(&in[i]),
                                                                 _mm512_loadu_ps(&in[i + 16])));
+  // The same 32 values split into pairs (even and odd positions) first.
+  const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1));
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    const __m512 lo = _mm512_loadu_ps(&in[i]), hi = _mm512_loadu_ps(&in[i + 16]);
+    _mm512_storeu_si512(&odd_pairs[i],
+                        tile::f32x32_pairs_to_bf16_round_odd(_mm512_permutex2var_ps(lo, evens, hi),
+                                                             _mm512_permutex2var_ps(lo, odds, hi)));
+  }
   for (size_t i = 0; i < n; ++i) {
     want_b[i] = numeric::f32_to_bf16(in[i]);
     want_odd[i] = numeric::f32_to_bf16_round_odd(in[i]);
@@ -191,6 +200,7 @@ void check_f32_encoders(const std::vector<float>& in) {
   ASSERT_EQ(n % 32, 0u);
   expect_same("f32x32_to_bf16", in, b32, want_b);
   expect_same("f32x32_to_bf16_round_odd", in, odd, want_odd);
+  expect_same("f32x32_pairs_to_bf16_round_odd", in, odd_pairs, want_odd);
   expect_same("f32x16_to_f16", in, h, want_h);
   expect_same("f32x16_to_e4m3", in, q, want_q);
   expect_same("f32x16_to_e5m2", in, r, want_r);

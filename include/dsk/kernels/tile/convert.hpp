@@ -9,6 +9,7 @@
 //   bf16 -> f32   bf16x16_to_f32                      16
 //   f32 -> bf16   f32x16_to_bf16                      16      (RNE, subnormals kept, NaN quiet)
 //                 f32x32_to_bf16_round_odd            32      (round to odd)
+//                 f32x32_pairs_to_bf16_round_odd      32      (the same, values in pairs)
 //   f32 -> e4m3   f32x16_to_e4m3                      16      (RNE, saturating, NaN kept)
 //   bf16 -> e4m3  bf16x32_to_e4m3_pow2                32      (times 2^k; normal range only)
 //   f32 -> e4m3   f32x16_to_e4m3_pow2, f32x64_...     16, 64  (times 2^k; normal range only)
@@ -360,6 +361,18 @@ inline __m512i f32x32_to_bf16_round_odd(__m512 lo, __m512 hi) {
   const __m512i high = _mm512_permutex2var_epi16(a, high_words, b);
   const __m512i low =
       _mm512_permutex2var_epi16(a, _mm512_sub_epi16(high_words, _mm512_set1_epi16(1)), b);
+  return _mm512_or_si512(high, _mm512_min_epu16(low, _mm512_set1_epi16(1)));
+}
+
+// f32x32_to_bf16_round_odd of 32 values given in pairs (even: values 0, 2, .., 30; odd: 1, 3, ..,
+// 31), as Simd::load_bf16_pairs splits bf16 rows: a pair is one dword of the result, the high
+// words of the two lanes blended, each ORed with its low word's sticky bit. Six operations and no
+// permutes, where the in-order form's two word permutes cost more.
+inline __m512i f32x32_pairs_to_bf16_round_odd(__m512 even, __m512 odd) {
+  const __m512i e = _mm512_castps_si512(even), o = _mm512_castps_si512(odd);
+  constexpr __mmask32 kLowWords = 0x55555555u;
+  const __m512i high = _mm512_mask_blend_epi16(kLowWords, o, _mm512_srli_epi32(e, 16));
+  const __m512i low = _mm512_mask_blend_epi16(kLowWords, _mm512_slli_epi32(o, 16), e);
   return _mm512_or_si512(high, _mm512_min_epu16(low, _mm512_set1_epi16(1)));
 }
 

@@ -6,8 +6,8 @@
 //              rstd = 1 / sqrt(var + eps),                        y = ((x - mean) * rstd) * w + b
 // Sums run over 16 lanes (lane j holds elements j, j + 16, ...; RMSNorm's sum of squares over four
 // such accumulators, and of bf16 rows in pairs, see rms_rstd) combined in the Simd tree, so all
-// ISAs give the same bits; every operation is rounded once (FMA only where its product is exact:
-// the squares of bf16 values).
+// ISAs give the same bits; every operation is rounded once (FMA only for the squares of bf16
+// values, in every ISA).
 #pragma once
 
 #include <algorithm>
@@ -78,9 +78,10 @@ inline float rms_rstd(const T* row, int64_t cols, float eps) {
       typename S::F e0, o0, e1, o1;
       S::load_bf16_pairs(row + i, &e0, &o0);
       S::load_bf16_pairs(row + i + 32, &e1, &o1);
-      // A bf16 value's square is exact in f32 (8 significant bits twice), so the FMA rounds once
-      // where the product and sum did: the same bits, one operation fewer (RMSNorm + cast, hot,
-      // 1.02x).
+      // A bf16 value's square is exact in f32 (8 significant bits twice) unless it falls below
+      // f32's normal range (|x| < 2^-63), so the FMA rounds once where the product and sum did:
+      // the same sums but for such tiny squares, one operation fewer (RMSNorm + cast, hot,
+      // 1.02x). Every backend takes the FMA (the generic one std::fma), so they still agree.
       s0 = S::fma(e0, e0, s0);
       s1 = S::fma(o0, o0, s1);
       s2 = S::fma(e1, e1, s2);

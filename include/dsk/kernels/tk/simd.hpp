@@ -557,16 +557,8 @@ struct Simd<tile::avx512_t> {
   static void store_bf16_round_odd(bf16* p, F lo, F hi) {
     _mm512_storeu_si512(p, tile::f32x32_to_bf16_round_odd(lo, hi));
   }
-  // A pair is one dword of the result: the high words of the even and odd lanes, each ORed with
-  // the sticky bit of its low word (min(word, 1)). Six operations per 32 values where
-  // store_bf16_round_odd's two word permutes take more (RMSNorm's rows are in order, so it uses
-  // that one).
   static void store_bf16_pairs_round_odd(bf16* p, F even, F odd) {
-    const __m512i e = _mm512_castps_si512(even), o = _mm512_castps_si512(odd);
-    constexpr __mmask32 kLowWords = 0x55555555u;
-    const __m512i high = _mm512_mask_blend_epi16(kLowWords, o, _mm512_srli_epi32(e, 16));
-    const __m512i low = _mm512_mask_blend_epi16(kLowWords, _mm512_slli_epi32(o, 16), e);
-    _mm512_storeu_si512(p, _mm512_or_si512(high, _mm512_min_epu16(low, _mm512_set1_epi16(1))));
+    _mm512_storeu_si512(p, tile::f32x32_pairs_to_bf16_round_odd(even, odd));
   }
   // The generic backend's load_bf16_pairs: a bf16 pair's word shifted (even) and masked (odd).
   static void load_bf16_pairs(const bf16* p, F* even, F* odd) {
