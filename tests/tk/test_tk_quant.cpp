@@ -488,23 +488,29 @@ TEST_P(Quant, RmsnormCastWithUe8m0ScalesKeepsTheF32RowsCodes) {
   }
   x.at<bf16>({5, 40}) = numeric::f32_to_bf16(std::numeric_limits<float>::infinity());
   x.at<bf16>({6, 700}) = bf16{0xFF80 | 0x21};  // NaN
-  // The same weights as bf16 (the odd rows load them in pairs too).
+  // The same weights as bf16 (the odd rows load them in pairs too), the same rows as f32 (the
+  // rows of f32 inputs are written vector by vector).
   Tensor w_bf16 = Tensor::empty({hidden}, DType::bf16);
   for (int64_t c = 0; c < hidden; ++c)
     w_bf16.data<bf16>()[c] = numeric::f32_to_bf16(w.data<float>()[c]);
-  for (const Tensor& weight : {w, w_bf16})
-    for (int g : {32, 64, 128})
-      for (const Layout& l : {kLayouts[1], kLayouts[3], kLayouts[4]}) {
-        const QuantTensor fused = rmsnorm_forward_and_per_token_cast(
-            x, weight, 1e-6f, "e4m3", g, l.col_major, l.round_sf, l.packed);
-        const QuantTensor unfused = per_token_cast(rms_norm(x, weight, 1e-6f, DType::f32), "e4m3",
-                                                   g, l.col_major, l.round_sf, l.packed);
-        const std::string what = "g " + std::to_string(g) + " weight " +
-                                 std::string(dtype_name(weight.dtype())) + " seed " +
-                                 std::to_string(seed);
-        EXPECT_TRUE(bitwise_equal(fused.data, unfused.data)) << what;
-        EXPECT_TRUE(bitwise_equal(fused.sf, unfused.sf)) << what;
-      }
+  Tensor x_f32 = Tensor::empty(x.sizes(), DType::f32);
+  for (int64_t i = 0; i < x.numel(); ++i)
+    x_f32.data<float>()[i] = numeric::bf16_to_f32(x.data<bf16>()[i]);
+  for (const Tensor& input : {x, x_f32})
+    for (const Tensor& weight : {w, w_bf16})
+      for (int g : {32, 64, 128})
+        for (const Layout& l : {kLayouts[1], kLayouts[3], kLayouts[4]}) {
+          const QuantTensor fused = rmsnorm_forward_and_per_token_cast(
+              input, weight, 1e-6f, "e4m3", g, l.col_major, l.round_sf, l.packed);
+          const QuantTensor unfused = per_token_cast(rms_norm(input, weight, 1e-6f, DType::f32),
+                                                     "e4m3", g, l.col_major, l.round_sf, l.packed);
+          const std::string what = "g " + std::to_string(g) + " input " +
+                                   std::string(dtype_name(input.dtype())) + " weight " +
+                                   std::string(dtype_name(weight.dtype())) + " seed " +
+                                   std::to_string(seed);
+          EXPECT_TRUE(bitwise_equal(fused.data, unfused.data)) << what;
+          EXPECT_TRUE(bitwise_equal(fused.sf, unfused.sf)) << what;
+        }
   const Tensor large = ref::randn({2048, 2048}, DType::bf16, seed + 2);  // 8 MiB
   const Tensor w_large = ref::randn({2048}, DType::bf16, seed + 3, 1.0f, 0.2f);
   const QuantTensor fused =

@@ -265,6 +265,11 @@ DSK_TK_INLINE void store_scales(const ScaleLayout& l, int64_t r, int64_t kb0, co
 // No block_amax16 or block_codes16 for quantize_row_chunked.
 struct NoBlockHook16 {};
 
+// No call after each block of a fused row writer (rms_norm_blocks).
+struct NoBlockDone {
+  void operator()(int64_t) const {}
+};
+
 template <class S, QuantFormat kFmt, int64_t kGroup, class T, class BlockAmax, class BlockCodes,
           class BlockAmax16 = NoBlockHook16, class BlockCodes16 = NoBlockHook16>
 DSK_TK_INLINE void quantize_row_chunked(const T* v, int64_t cols, const QuantOut& q, int64_t r,
@@ -390,6 +395,30 @@ DSK_TK_INLINE void quantize_row_fixed(const T* v, int64_t cols, const QuantOut& 
       NoBlockHook16{}, codes16);
 }
 
+// The codes of a block of 32 * kVectors bf16 values at x with the inverse scale inv, to `codes`
+// (the block's first code byte): on the bf16 bits where inv is a power of two 2^k (see
+// quantize_row_bf16), else by the f32 product. e4m3's constants for 2^k are made from
+// `constants` (any S::e4m3_pow2, made once by the caller).
+template <class S, QuantFormat kFmt, int kVectors>
+DSK_TK_INLINE void block_codes_bf16(const bf16* x, float inv, uint8_t* codes,
+                                    const typename S::E4m3Pow2& constants) {
+  constexpr bool kE4m3 = kFmt == QuantFormat::e4m3;
+  // The smallest 2^k the integer path takes: e2m1 from 2^-125, below which a threshold * 2^-k
+  // would not be a bf16 normal.
+  constexpr int kMinPow2 = kE4m3 ? -126 : -125;
+  const int k = pow2_exponent<kMinPow2>(inv);
+  if (k == kNotPow2) return block_codes_f32<S, kFmt, 32 * kVectors>(x, inv, codes);
+  if constexpr (kE4m3) {
+    const auto s = S::e4m3_pow2_bf16(k, constants);
+    for (int i = 0; i < kVectors; ++i)
+      S::store_e4m3_bf16x32_pow2(reinterpret_cast<e4m3*>(codes) + 32 * i, x + 32 * i, s);
+  } else {
+    const auto s = S::e2m1_pow2(k);
+    for (int i = 0; i < kVectors; ++i)
+      S::store_e2m1_bf16x32_pow2(reinterpret_cast<fp4x2*>(codes) + 16 * i, x + 32 * i, s);
+  }
+}
+
 // quantize_row_fixed for bf16 rows in blocks of 32 * kVectors values, on 32-lane 16-bit vectors:
 // the amax over the bf16 bits (no widening), and, where the inverse scale is a power of two 2^k,
 // the codes on the bf16 bits: Simd::store_e4m3_bf16x32_pow2 (rebias and integer rounding) or
@@ -401,9 +430,6 @@ template <class S, QuantFormat kFmt, int kVectors>
 DSK_TK_INLINE void quantize_row_bf16(const bf16* v, int64_t cols, const QuantOut& q, int64_t r,
                                      const int32_t* block_amax) {
   constexpr bool kE4m3 = kFmt == QuantFormat::e4m3;
-  // The smallest 2^k a block's integer path takes: e2m1 from 2^-125, below which a threshold *
-  // 2^-k would not be a bf16 normal.
-  constexpr int kMinPow2 = kE4m3 ? -126 : -125;
   constexpr int64_t kGroup = 32 * kVectors;
   constexpr int64_t kGroupBytes = kE4m3 ? kGroup : kGroup / 2;
   uint8_t* out = static_cast<uint8_t*>(q.out) + r * q.out_stride;
@@ -453,21 +479,10 @@ DSK_TK_INLINE void quantize_row_bf16(const bf16* v, int64_t cols, const QuantOut
         return S::bf16_absmax_f32_bits(lane_max(x));
       },
       [&](const bf16* x, int64_t kb, float inv) {
-        uint8_t* codes = out + kb * kGroupBytes;
-        const int k = pow2_exponent<kMinPow2>(inv);
         // The next chunk's block: its loads overlap this chunk's conversions, which otherwise
         // leave the memory idle (1.3x on one thread for a cold 4096 x 7168 cast).
         for (int i = 0; i < kVectors; ++i) prefetch_ahead(x + 32 * i, kChunkValues);
-        if (k == kNotPow2) return block_codes_f32<S, kFmt, kGroup>(x, inv, codes);
-        if constexpr (kE4m3) {
-          const auto s = S::e4m3_pow2(k);
-          for (int i = 0; i < kVectors; ++i)
-            S::store_e4m3_bf16x32_pow2(reinterpret_cast<e4m3*>(codes) + 32 * i, x + 32 * i, s);
-        } else {
-          const auto s = S::e2m1_pow2(k);
-          for (int i = 0; i < kVectors; ++i)
-            S::store_e2m1_bf16x32_pow2(reinterpret_cast<fp4x2*>(codes) + 16 * i, x + 32 * i, s);
-        }
+        block_codes_bf16<S, kFmt, kVectors>(x, inv, out + kb * kGroupBytes, S::e4m3_pow2(0));
       },
       [&](const bf16* x, int32_t* amax_bits) {
         if (block_amax != nullptr) {
@@ -593,6 +608,37 @@ inline bool odd_rounded_rows(const QuantOut& q, int64_t group, int64_t cols) {
   return fused_amax_group(group, cols) && group >= 32 && cols % group == 0 &&
          q.fmt == QuantFormat::e4m3 && q.round_sf;
 }
+
+// The codes and scales of a row kept as bf16 rounded to odd (odd_rounded_rows), in blocks of
+// kGroup, as the row's writer goes: block_done(kb) is called once block kb of y and
+// block_amax[kb] are written. It starts block kb's scale (a scalar chain of about 70 cycles: the
+// bits, the division, the ceiling, the reciprocal) and writes the codes of block kb - kLag, whose
+// scale is ready by then; row_done writes the last kLag blocks. Codes that followed their own
+// chain waited in the schedulers and stalled the writer's next block (RMSNorm + cast hot, 32 x
+// 7168, one thread: 0.84x of the two-pass row, against 0.96-0.98x with a lag of 1-3 blocks). The
+// scales go to sf, for one store_scales per row.
+template <class S, int64_t kGroup>
+struct OddRowCodes {
+  const bf16* y;
+  const int32_t* block_amax;
+  uint8_t* codes;
+  float* sf;
+  float* inv;
+  typename S::E4m3Pow2 constants = S::e4m3_pow2(0);
+  static constexpr int64_t kLag = 2;
+  DSK_TK_INLINE void block_done(int64_t kb) const {
+    sf[kb] = scale_of(Amax<S>::finish(block_amax[kb]), numeric::kE4m3Max, true);
+    inv[kb] = quant::inverse_scale(sf[kb]);
+    if (kb >= kLag) block_codes(kb - kLag);
+  }
+  DSK_TK_INLINE void row_done(int64_t blocks) const {
+    for (int64_t kb = blocks > kLag ? blocks - kLag : 0; kb < blocks; ++kb) block_codes(kb);
+  }
+  DSK_TK_INLINE void block_codes(int64_t kb) const {
+    block_codes_bf16<S, QuantFormat::e4m3, static_cast<int>(kGroup / 32)>(
+        y + kb * kGroup, inv[kb], codes + kb * kGroup, constants);
+  }
+};
 
 // SwiGLU of one gate and up value: silu(g) * u (clamped when kClamp, times the routing weight
 // when kWeight). The clamps put the value second: S::min and S::max return their second operand
@@ -773,9 +819,10 @@ void swiglu_cast_rows(const SwigluCastArgs& a, int64_t r0, int64_t r1, float* sc
 namespace quant_detail {
 
 // rms_norm_row's y = (x * rstd) * w of the first `blocks` whole blocks of kGroup values of a row,
-// into y, with each block's amax bits into block_amax: the quantizer then reads y once, for the
-// codes. A function of plain pointers because in the row lambda GCC reloaded the weight, y and
-// group through the closure after every vector store (an intrinsic's store may alias anything)
+// into y, with each block's amax bits into block_amax, then on_block(kb) (norm_cast_rows writes
+// the codes of odd-rounded rows there as the row goes; otherwise the quantizer reads y once
+// afterwards). A function of plain pointers because in the row lambda GCC reloaded the weight, y
+// and group through the closure after every vector store (an intrinsic's store may alias anything)
 // and divided by the group once per block: hot, one thread, 0.22 -> 0.18 ns per value.
 // With a bf16 y (kGroup a multiple of 32), y holds the values rounded to odd, two vectors at a
 // time (Simd::store_bf16_pairs_round_odd of a bf16 row's pairs, else store_bf16_round_odd), and
@@ -785,9 +832,10 @@ namespace quant_detail {
 // variant of it had made the cold cast 5-15% slower; with the bf16 y it makes it 10-20% faster
 // (4096 x 7168, two threads), but costs 4-5% where the rows are in L2 (32 x 7168, one thread),
 // hence only for inputs of kStreamCopyBytes or more (rmsnorm_forward_and_per_token_cast).
-template <class S, int64_t kGroup, class T, class W, class Y>
+template <class S, int64_t kGroup, class T, class W, class Y, class OnBlock = NoBlockDone>
 DSK_TK_INLINE void rms_norm_blocks(const T* row, const W* weight, float rstd, int64_t blocks, Y* y,
-                                   int32_t* block_amax, int64_t prefetch_stride) {
+                                   int32_t* block_amax, int64_t prefetch_stride,
+                                   OnBlock on_block = {}) {
   constexpr int kVectors = static_cast<int>(kGroup / 16);
   constexpr int kLineValues = 64 / sizeof(T);
   static_assert(std::is_same_v<Y, float> || kVectors % 2 == 0);
@@ -816,6 +864,7 @@ DSK_TK_INLINE void rms_norm_blocks(const T* row, const W* weight, float rstd, in
         S::store_bf16_pairs_round_odd(y + 16 * i, v[i], v[i + 1]);
       }
       block_amax[kb] = S::ireduce_max(S::imax(even.bits, odd.bits));
+      on_block(kb);
       continue;
     }
 #pragma GCC unroll 8
@@ -831,6 +880,7 @@ DSK_TK_INLINE void rms_norm_blocks(const T* row, const W* weight, float rstd, in
       for (int i = 0; i < kVectors; ++i) S::store(y + 16 * i, v[i]);
     }
     block_amax[kb] = S::ireduce_max(S::imax(even.bits, odd.bits));
+    on_block(kb);
   }
 }
 
@@ -838,10 +888,13 @@ DSK_TK_INLINE void rms_norm_blocks(const T* row, const W* weight, float rstd, in
 
 // With power-of-two e4m3 scales and whole blocks of 32, 64 or 128 values, y is kept as bf16
 // rounded to odd, which gives the same codes (numeric::f32_to_bf16_round_odd), with the amax of
-// the f32 values; the codes are then those of a bf16 row (quantize_row_bf16: 32 values per
-// integer rounding, where an f32 row takes 16). 4096 x 7168 bf16 with f32 weights in blocks of
-// 128, against the f32 y in the same process: 1.07-1.13x faster hot (32 rows, one thread), 1.09x
-// cold (two threads), before the prefetch of rms_norm_blocks.
+// the f32 values; the codes are then those of a bf16 row (32 values per integer rounding, where
+// an f32 row takes 16). 4096 x 7168 bf16 with f32 weights in blocks of 128, against the f32 y in
+// the same process: 1.07-1.13x faster hot (32 rows, one thread), 1.09x cold (two threads), before
+// the prefetch of rms_norm_blocks. Those codes are written block by block as the row is
+// normalised (OddRowCodes), not by a second pass of quantize_row over the row: cold (two
+// threads) 1.35-1.43x, the next row's prefetches then spread over all of this row's work; hot
+// 0.96-0.98x (a scalar scale per block instead of 16 in vectors).
 template <tile::Isa I, class T, class W>
 void norm_cast_rows(const NormCastArgs& a, int64_t r0, int64_t r1, float* scratch) {
   using S = SimdOf<I>;
@@ -853,6 +906,8 @@ void norm_cast_rows(const NormCastArgs& a, int64_t r0, int64_t r1, float* scratc
   const int64_t x_stride = a.cast.x_stride;
   const float eps = a.eps;
   alignas(64) int32_t block_amax[quant_detail::kMaxFusedBlocks];
+  alignas(64) float sf[quant_detail::kMaxFusedBlocks];
+  alignas(64) float inv[quant_detail::kMaxFusedBlocks];
   quant_detail::for_rows_with_scale_tiles(
       a.cast.q, cols, group, r0, r1, [&](const QuantOut& q, int64_t out_row, int64_t r) {
         const T* row = static_cast<const T*>(a.cast.x) + r * x_stride;
@@ -864,10 +919,18 @@ void norm_cast_rows(const NormCastArgs& a, int64_t r0, int64_t r1, float* scratc
         };
         if (odd_rows) {
           bf16* y = reinterpret_cast<bf16*>(scratch);
-          if (group == 32) fused_blocks.template operator()<32>(y);
-          if (group == 64) fused_blocks.template operator()<64>(y);
-          if (group == 128) fused_blocks.template operator()<128>(y);
-          quantize_row<S>(y, cols, group, q, out_row, block_amax);
+          uint8_t* codes = static_cast<uint8_t*>(q.out) + out_row * q.out_stride;
+          const auto odd_blocks = [&]<int64_t kGroup>() {
+            const quant_detail::OddRowCodes<S, kGroup> row_codes{y, block_amax, codes, sf, inv};
+            quant_detail::rms_norm_blocks<S, kGroup>(row, weight, rstd, blocks, y, block_amax,
+                                                     a.prefetch_rows ? x_stride : 0,
+                                                     [&](int64_t kb) { row_codes.block_done(kb); });
+            row_codes.row_done(blocks);
+          };
+          if (group == 32) odd_blocks.template operator()<32>();
+          if (group == 64) odd_blocks.template operator()<64>();
+          if (group == 128) odd_blocks.template operator()<128>();
+          quant_detail::store_scales(q.sf, out_row, 0, sf, static_cast<int>(blocks));
           return;
         }
         float* y = scratch;
