@@ -9,8 +9,9 @@
 // with torch's NaN rule as dsk::gemm's reference applies it: a NaN in a block makes its amax NaN,
 // and sf NaN (2^127 = ceil_to_ue8m0(NaN) with UE8M0), so the block's codes are NaN (about 0).
 // Fused kernels first compute the row in f32 (into a caller-provided scratch row; with UE8M0 e4m3
-// scales, both keep it as bf16 rounded to odd, which changes no code), then quantize
-// it with the same code as the plain cast, so fused == unfused-then-cast, bit for bit.
+// scales, both keep it as bf16 rounded to odd, which changes no code), then quantize it with
+// the plain cast's scale rule and conversions (RMSNorm + cast block by block as it writes the
+// row), so fused == unfused-then-cast, bit for bit.
 #pragma once
 
 #include <cmath>
@@ -893,7 +894,7 @@ DSK_TK_INLINE void rms_norm_blocks(const T* row, const W* weight, float rstd, in
 // the same process: 1.07-1.13x faster hot (32 rows, one thread), 1.09x cold (two threads), before
 // the prefetch of rms_norm_blocks. Those codes are written block by block as the row is
 // normalised (OddRowCodes), not by a second pass of quantize_row over the row: cold (two
-// threads) 1.35-1.43x, the next row's prefetches then spread over all of this row's work; hot
+// threads) 1.35-1.47x, the next row's prefetches then spread over all of this row's work; hot
 // 0.96-0.98x (a scalar scale per block instead of 16 in vectors).
 template <tile::Isa I, class T, class W>
 void norm_cast_rows(const NormCastArgs& a, int64_t r0, int64_t r1, float* scratch) {
