@@ -402,20 +402,16 @@ struct Bf16ToE4m3Pow2 {
   __m512i sign_bit = convert_detail::opaque(_mm512_set1_epi16(0x80));
 };
 
-// k in [-126, 120]: 2^k is an f32 normal and 2^(-6-k) a bf16 normal. The scale-independent
-// constants are c's (made once for many scales: three broadcasts per scale instead of six).
-inline Bf16ToE4m3Pow2 bf16_to_e4m3_pow2(int k, Bf16ToE4m3Pow2 c) {
+// k in [-126, 120]: 2^k is an f32 normal and 2^(-6-k) a bf16 normal.
+inline Bf16ToE4m3Pow2 bf16_to_e4m3_pow2(int k) {
   const int low = (121 - k) * 128;
   const int high = 0x43E9 - k * 128;  // bf16 464 is 0x43E8
   const int end = high < 0x7F80 ? high : 0x7F80;
+  Bf16ToE4m3Pow2 c;
   c.round_bias = _mm512_set1_epi16(static_cast<int16_t>((k - 120) * 128 + 7));
   c.low = _mm512_set1_epi16(static_cast<int16_t>(low));
   c.span = _mm512_set1_epi16(static_cast<int16_t>(end - low));
   return c;
-}
-
-inline Bf16ToE4m3Pow2 bf16_to_e4m3_pow2(int k) {
-  return bf16_to_e4m3_pow2(k, Bf16ToE4m3Pow2{});
 }
 
 // The same for 16 f32 (x * 2^k, rounded from 23 mantissa bits to 3): the lanes with |x| * 2^k in

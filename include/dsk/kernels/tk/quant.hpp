@@ -398,11 +398,9 @@ DSK_TK_INLINE void quantize_row_fixed(const T* v, int64_t cols, const QuantOut& 
 
 // The codes of a block of 32 * kVectors bf16 values at x with the inverse scale inv, to `codes`
 // (the block's first code byte): on the bf16 bits where inv is a power of two 2^k (see
-// quantize_row_bf16), else by the f32 product. e4m3's constants for 2^k are made from
-// `constants` (any S::e4m3_pow2, made once by the caller).
+// quantize_row_bf16), else by the f32 product.
 template <class S, QuantFormat kFmt, int kVectors>
-DSK_TK_INLINE void block_codes_bf16(const bf16* x, float inv, uint8_t* codes,
-                                    const typename S::E4m3Pow2& constants) {
+DSK_TK_INLINE void block_codes_bf16(const bf16* x, float inv, uint8_t* codes) {
   constexpr bool kE4m3 = kFmt == QuantFormat::e4m3;
   // The smallest 2^k the integer path takes: e2m1 from 2^-125, below which a threshold * 2^-k
   // would not be a bf16 normal.
@@ -410,7 +408,7 @@ DSK_TK_INLINE void block_codes_bf16(const bf16* x, float inv, uint8_t* codes,
   const int k = pow2_exponent<kMinPow2>(inv);
   if (k == kNotPow2) return block_codes_f32<S, kFmt, 32 * kVectors>(x, inv, codes);
   if constexpr (kE4m3) {
-    const auto s = S::e4m3_pow2_bf16(k, constants);
+    const auto s = S::e4m3_pow2(k);
     for (int i = 0; i < kVectors; ++i)
       S::store_e4m3_bf16x32_pow2(reinterpret_cast<e4m3*>(codes) + 32 * i, x + 32 * i, s);
   } else {
@@ -483,7 +481,7 @@ DSK_TK_INLINE void quantize_row_bf16(const bf16* v, int64_t cols, const QuantOut
         // The next chunk's block: its loads overlap this chunk's conversions, which otherwise
         // leave the memory idle (1.3x on one thread for a cold 4096 x 7168 cast).
         for (int i = 0; i < kVectors; ++i) prefetch_ahead(x + 32 * i, kChunkValues);
-        block_codes_bf16<S, kFmt, kVectors>(x, inv, out + kb * kGroupBytes, S::e4m3_pow2(0));
+        block_codes_bf16<S, kFmt, kVectors>(x, inv, out + kb * kGroupBytes);
       },
       [&](const bf16* x, int32_t* amax_bits) {
         if (block_amax != nullptr) {
@@ -625,7 +623,6 @@ struct OddRowCodes {
   uint8_t* codes;
   float* sf;
   float* inv;
-  typename S::E4m3Pow2 constants = S::e4m3_pow2(0);
   static constexpr int64_t kLag = 2;
   DSK_TK_INLINE void block_done(int64_t kb) const {
     sf[kb] = scale_of(Amax<S>::finish(block_amax[kb]), numeric::kE4m3Max, true);
@@ -636,8 +633,8 @@ struct OddRowCodes {
     for (int64_t kb = blocks > kLag ? blocks - kLag : 0; kb < blocks; ++kb) block_codes(kb);
   }
   DSK_TK_INLINE void block_codes(int64_t kb) const {
-    block_codes_bf16<S, QuantFormat::e4m3, static_cast<int>(kGroup / 32)>(
-        y + kb * kGroup, inv[kb], codes + kb * kGroup, constants);
+    block_codes_bf16<S, QuantFormat::e4m3, static_cast<int>(kGroup / 32)>(y + kb * kGroup, inv[kb],
+                                                                          codes + kb * kGroup);
   }
 };
 

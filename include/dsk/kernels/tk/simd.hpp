@@ -222,8 +222,6 @@ struct Simd<tile::generic_t> {
   static E4m3Pow2 e4m3_pow2(int k) {
     return {numeric::float_of(static_cast<uint32_t>(k + 127) << 23)};
   }
-  // e4m3_pow2(k) for store_e4m3_bf16x32_pow2 alone, made from `base`'s scale-independent parts.
-  static E4m3Pow2 e4m3_pow2_bf16(int k, const E4m3Pow2& /*base*/) { return e4m3_pow2(k); }
   static void store_e4m3_bf16x32_pow2(e4m3* p, const bf16* x, const E4m3Pow2& s) {
     for (int i = 0; i < 32; ++i) p[i] = numeric::f32_to_e4m3(numeric::bf16_to_f32(x[i]) * s.scale);
   }
@@ -669,17 +667,8 @@ struct Simd<tile::avx512_t> {
     F scale;
   };
   static E4m3Pow2 e4m3_pow2(int k) {
-    return {tile::bf16_to_e4m3_pow2(k), tile::f32_to_e4m3_pow2(k), pow2(k)};
-  }
-  // e4m3_pow2(k) for store_e4m3_bf16x32_pow2 alone (fast_f32 stays base's, for another k), made
-  // from base's scale-independent constants, which e4m3_pow2 would make again (a move and a
-  // broadcast each) for every block of a fused row writer (OddRowCodes); no change measured in
-  // its hot time, three broadcasts per block instead of six.
-  static E4m3Pow2 e4m3_pow2_bf16(int k, const E4m3Pow2& base) {
-    return {tile::bf16_to_e4m3_pow2(k, base.fast), base.fast_f32, pow2(k)};
-  }
-  static F pow2(int k) {
-    return _mm512_set1_ps(numeric::float_of(static_cast<uint32_t>(k + 127) << 23));
+    return {tile::bf16_to_e4m3_pow2(k), tile::f32_to_e4m3_pow2(k),
+            _mm512_set1_ps(numeric::float_of(static_cast<uint32_t>(k + 127) << 23))};
   }
   // The 16-bit integer path; a vector with a lane outside its range (zero, e4m3 subnormal, NaN)
   // takes the f32 path instead, which is the rule itself.
