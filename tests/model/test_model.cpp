@@ -47,14 +47,24 @@ Tensor step(Model& m, int64_t seq, const std::vector<int32_t>& tokens) {
 TEST(Model, MatchesReferenceForPrefillAndDecode) {
   Model model(tiny_weights(), {});
   ref::model::Reference reference(tiny_weights(), {.round_p_to_bf16 = true});
-  // The random 4-layer model amplifies rounding flips chaotically: over weight seeds and prompts
-  // the largest of the 17 diffs ranges from 5e-4 to 1.01e-3 (prompt kSeed + 1 on these weights).
+  // Each step's diff is a draw of the FP8 codes that a last-bit difference moves one step: on
+  // these weights, prompts kSeed + 0..15, the 272 step diffs have a median of 6.3e-4 and a tail
+  // to 1.3e-3 (3-4% above 1e-3), so half the prompts or more (8 and 10 of 16 with exp's
+  // polynomial and table forms) have some step above kMaxDiff, every prompt's median step stays
+  // below 9e-4, and which prompts pass changes with any kernel's rounding (exp's table form moved
+  // this prompt's worst step from 9.1e-4 to 1.03e-3 and another's from 1.20e-3 to 8.4e-4). Holding
+  // every step to kMaxDiff would pin one lucky prompt to today's roundings; the test holds the
+  // median step to it and every step to twice it (a wrong kernel moves the logits by far more:
+  // without the replay of the discrete choices alone, 3e-3 to 3e-2).
   const std::vector<int32_t> prompt = random_tokens(100, kSeed + 7);
   ASSERT_GT(static_cast<int64_t>(prompt.size()), model.config().index_topk);
   const ref::model::CrossCheck c = ref::model::cross_check(model, reference, prompt, 16);
   ASSERT_EQ(c.diffs.size(), 17u);
   for (size_t s = 0; s < c.diffs.size(); ++s)
-    EXPECT_LT(c.diffs[s], kMaxDiff) << "step " << s << " (0 = prefill)";
+    EXPECT_LT(c.diffs[s], 2 * kMaxDiff) << "step " << s << " (0 = prefill)";
+  std::vector<double> sorted = c.diffs;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_LT(sorted[sorted.size() / 2], kMaxDiff) << "the median step";
   // The choices: identical in layer 0 (identical inputs); past it, near-ties decided the other
   // way (about 15% of the sets on this seed) and few swaps beyond the tie tolerance.
   EXPECT_EQ(c.decisions.compared, 7 * 116);  // 4 indexer + 3 MoE layers, 116 tokens

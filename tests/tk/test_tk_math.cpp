@@ -88,6 +88,13 @@ TEST(TkMath, ExpIsWithinTwoUlps) {
   EXPECT_LE(max_ulps(exp_of, exp_ref, -1.0f, 1.0f, 1 << 16), 2.0);
 }
 
+// exp's table: 2^(j / 32) rounded to the nearest float, from the long double power.
+TEST(TkMath, ExpTableHoldsTheRoundedPowersOfTwo) {
+  for (int j = 0; j < 32; ++j)
+    EXPECT_EQ(kExp2Fractions[j], static_cast<float>(std::exp2(static_cast<long double>(j) / 32)))
+        << "j = " << j;
+}
+
 TEST(TkMath, LogIsWithinTwoUlps) {
   EXPECT_LE(max_ulps(log_of, log_ref, 1e-30f, 10.0f, 1 << 18), 2.0);
   EXPECT_LE(max_ulps(log_of, log_ref, 0.5f, 2.0f, 1 << 16), 2.0);

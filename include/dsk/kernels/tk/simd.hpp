@@ -326,11 +326,23 @@ struct Simd<tile::generic_t> {
     for (int i = 0; i < 16; ++i) r.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
     return r;
   }
-  // a * 2^n for integral n within int range (exp passes [-150, 128]), rounded once (VSCALEFPS;
+  // a * 2^floor(n) for n within int range (exp passes [-150, 150]), rounded once (VSCALEFPS;
   // ldexp is exact or, for a subnormal result, one rounding).
   static F scalef(F a, F n) {
     F r;
-    for (int i = 0; i < 16; ++i) r.v[i] = std::ldexp(a.v[i], static_cast<int>(n.v[i]));
+    for (int i = 0; i < 16; ++i) r.v[i] = std::ldexp(a.v[i], static_cast<int>(std::floor(n.v[i])));
+    return r;
+  }
+  // a with its magnitude clamped to c >= 0, its sign kept, a NaN a kept (VRANGEPS).
+  static F clamp_abs(F a, F c) {
+    return map(a, c, [](float x, float y) {
+      return x != x ? x : std::copysign(std::fmin(std::fabs(x), y), x);
+    });
+  }
+  // table[i mod 32] in each lane (VPERMT2PS of the table's two vectors).
+  static F lookup32(const float* table, I32 i) {
+    F r;
+    for (int k = 0; k < 16; ++k) r.v[k] = table[i.v[k] & 31];
     return r;
   }
   // With a NaN operand, max and min return the second one, as MAXPS / MINPS do.
@@ -848,6 +860,10 @@ struct Simd<tile::avx512_t> {
   static F div(F a, F b) { return _mm512_div_ps(a, b); }
   static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F scalef(F a, F n) { return _mm512_scalef_ps(a, n); }
+  static F clamp_abs(F a, F c) { return _mm512_range_ps(a, c, 0b0010); }
+  static F lookup32(const float* table, I32 i) {
+    return _mm512_permutex2var_ps(_mm512_load_ps(table), i, _mm512_load_ps(table + 16));
+  }
   static F max(F a, F b) { return _mm512_max_ps(a, b); }
   static F min(F a, F b) { return _mm512_min_ps(a, b); }
   static F abs(F a) { return _mm512_abs_ps(a); }
