@@ -30,13 +30,14 @@ alignas(64) inline constexpr float kExp2Fractions[32] = {
 // Largest error 1.01 ulp in the normal range, 1.0 in the subnormal (3.9e9 inputs over the float
 // range against the double exp). Against the degree-7 polynomial on |r| <= ln2 / 2 (0.73 ulp) it
 // takes 12 micro-ops instead of 15: SwiGLU + cast 1.05x hot, 1.04-1.05x cold, in one process. The
-// clamp keeps |x| <= 104 in one operation (Simd::clamp_abs, which keeps a NaN): e^-104 is below
-// half the smallest subnormal and e^88.75 above the largest float, so the clamped inputs still give
-// 0 and inf.
+// clamp keeps |x| <= 104 in one operation (Simd::clamp_abs, VRANGEPS): e^-104 is below half the
+// smallest subnormal and e^88.75 above the largest float, so the clamped inputs still give 0 and
+// inf; it turns a quiet NaN into +-104.
 //
 // kSign = -1 computes e^-x without the negation: n, r and the coefficients change sign (r^k's
 // coefficient times (-1)^k), and every rounding is sign-symmetric, so the bits are those of
-// e^(-x). With kKeepNan a NaN x is returned; without, a NaN x gives some NaN.
+// e^(-x). With kKeepNan a NaN x is returned; without, a NaN x gives a number (0 or inf) or a NaN,
+// for callers whose result is NaN anyway (silu: x / (1 + e^-x)).
 template <class S, bool kKeepNan = true, int kSign = 1>
 DSK_TK_INLINE typename S::F exp_body(typename S::F x) {
   static_assert(kSign == 1 || kSign == -1);
@@ -116,7 +117,7 @@ struct ScalarLane {
   static F div(F a, F b) { return a / b; }
   static F fma(F a, F b, F c) { return std::fma(a, b, c); }
   static F scalef(F a, F n) { return std::ldexp(a, static_cast<int>(std::floor(n))); }
-  static F clamp_abs(F a, F c) { return a != a ? a : std::copysign(std::fmin(std::fabs(a), c), a); }
+  static F clamp_abs(F a, F c) { return Simd<tile::generic_t>::clamp_abs_lane(a, c); }
   static F lookup32(const float* table, I32 i) { return table[i & 31]; }
   static F max(F a, F b) { return a > b ? a : b; }
   static F min(F a, F b) { return a < b ? a : b; }

@@ -333,12 +333,14 @@ struct Simd<tile::generic_t> {
     for (int i = 0; i < 16; ++i) r.v[i] = std::ldexp(a.v[i], static_cast<int>(std::floor(n.v[i])));
     return r;
   }
-  // a with its magnitude clamped to c >= 0, its sign kept, a NaN a kept (VRANGEPS).
-  static F clamp_abs(F a, F c) {
-    return map(a, c, [](float x, float y) {
-      return x != x ? x : std::copysign(std::fmin(std::fabs(x), y), x);
-    });
+  // a with its magnitude clamped to c (not NaN), its sign kept, as VRANGEPS's smaller magnitude
+  // does: a quiet NaN a gives c with a's sign, a signaling one a quiet NaN.
+  static float clamp_abs_lane(float a, float c) {
+    if (a == a) return std::copysign(std::fmin(std::fabs(a), c), a);
+    const uint32_t bits = numeric::bits_of(a);
+    return (bits & 0x00400000u) != 0 ? std::copysign(c, a) : numeric::float_of(bits | 0x00400000u);
   }
+  static F clamp_abs(F a, F c) { return map(a, c, clamp_abs_lane); }
   // table[i mod 32] in each lane (VPERMT2PS of the table's two vectors).
   static F lookup32(const float* table, I32 i) {
     F r;
@@ -860,7 +862,7 @@ struct Simd<tile::avx512_t> {
   static F div(F a, F b) { return _mm512_div_ps(a, b); }
   static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F scalef(F a, F n) { return _mm512_scalef_ps(a, n); }
-  static F clamp_abs(F a, F c) { return _mm512_range_ps(a, c, 0b0010); }
+  static F clamp_abs(F a, F c) { return _mm512_range_ps(a, c, 0b0010); }  // see generic
   static F lookup32(const float* table, I32 i) {
     return _mm512_permutex2var_ps(_mm512_load_ps(table), i, _mm512_load_ps(table + 16));
   }
