@@ -1,9 +1,10 @@
 // The AVX-512 elementary functions of dsk/kernels/tk/math.hpp against the generic ones, bit for
 // bit: exp (VRANGEPS, the VPERMT2PS table, FMA and VSCALEFPS against their scalar forms), its
-// e^-x form, sigmoid, silu and softplus, over the whole exponent range (overflow, the subnormal results, underflow) and IEEE
-// special values. A NaN result matches any NaN: which operand's payload an IEEE operation passes
-// on is not part of the rule. Built with the AVX-512 flags; skipped on CPUs without the avx512
-// backend. The inputs, and the generic-only checks, are in test_tk_math.cpp (baseline ISA).
+// e^-x form, sigmoid, silu and softplus, over the whole exponent range (overflow, the subnormal
+// results, underflow) and IEEE special values. A NaN result matches any NaN: which operand's
+// payload an IEEE operation passes on is not part of the rule. Built with the AVX-512 flags;
+// skipped on CPUs without the avx512 backend. The inputs, and the generic-only checks, are in
+// test_tk_math.cpp (baseline ISA).
 #include <cmath>
 #include <cstring>
 #include <limits>

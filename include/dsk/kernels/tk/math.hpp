@@ -31,8 +31,8 @@ alignas(64) inline constexpr float kExp2Fractions[32] = {
 // range against the double exp). Against the degree-7 polynomial on |r| <= ln2 / 2 (0.73 ulp) it
 // takes 12 micro-ops instead of 15: SwiGLU + cast 1.05x hot, 1.04-1.05x cold, in one process. The
 // clamp keeps |x| <= 104 in one operation (Simd::clamp_abs, VRANGEPS): e^-104 is below half the
-// smallest subnormal and e^88.75 above the largest float, so the clamped inputs still give 0 and
-// inf; it turns a quiet NaN into +-104.
+// smallest subnormal and e^104 above the largest float, so the clamped inputs still give 0 and inf;
+// it turns a quiet NaN into +-104.
 //
 // kSign = -1 computes e^-x without the negation: n, r and the coefficients change sign (r^k's
 // coefficient times (-1)^k), and every rounding is sign-symmetric, so the bits are those of
