@@ -153,6 +153,14 @@ struct Amax {
   }
 };
 
+// The scale of a block whose Amax bits are amax_bits (scale_of), and the inverse its codes take.
+template <class S>
+DSK_TK_INLINE void scale_of_bits(int32_t amax_bits, float fmt_max, bool round_sf, float* sf,
+                                 float* inv) {
+  *sf = scale_of(Amax<S>::finish(amax_bits), fmt_max, round_sf);
+  *inv = quant::inverse_scale(*sf);
+}
+
 // Stores the codes of n values starting at column c of a row (c even for e2m1, n even or the row
 // end); v holds 16 values.
 template <class S>
@@ -294,8 +302,7 @@ DSK_TK_INLINE void quantize_row_chunked(const T* v, int64_t cols, const QuantOut
     for (; b + 16 <= n; b += 16)
       if (!scales16<S>(amax_bits + b, kMax, q.round_sf, sf + b, inv + b)) break;
     for (; b < n; ++b) {
-      sf[b] = scale_of(Amax<S>::finish(amax_bits[b]), kMax, q.round_sf);
-      inv[b] = quant::inverse_scale(sf[b]);
+      scale_of_bits<S>(amax_bits[b], kMax, q.round_sf, &sf[b], &inv[b]);
     }
     store_scales(q.sf, r, kb0, sf, n);
     b = 0;
@@ -625,8 +632,7 @@ struct OddRowCodes {
   float* inv;
   static constexpr int64_t kLag = 2;
   DSK_TK_INLINE void block_done(int64_t kb) const {
-    sf[kb] = scale_of(Amax<S>::finish(block_amax[kb]), numeric::kE4m3Max, true);
-    inv[kb] = quant::inverse_scale(sf[kb]);
+    scale_of_bits<S>(block_amax[kb], numeric::kE4m3Max, true, &sf[kb], &inv[kb]);
     if (kb >= kLag) block_codes(kb - kLag);
   }
   DSK_TK_INLINE void row_done(int64_t blocks) const {
