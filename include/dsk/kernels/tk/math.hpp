@@ -23,13 +23,13 @@ alignas(64) inline constexpr float kExp2Fractions[32] = {
     0x1.ea4afap+0f, 0x1.f50766p+0f};
 
 // e^(kSign x), kSign = +1 or -1. Reduction x = (32 q + j) ln2 / 32 + r with |r| <= ln2 / 64
-// (ln2 / 32 split so that n ln2_hi / 32 is exact for |n| <= 4801), e^r - 1 by its degree-3
+// (ln2 split so that (n / 32) ln2_hi is exact for |n| <= 4801), e^r - 1 by its degree-3
 // Taylor polynomial (truncation below 6e-10), times 2^(j / 32) from a 32-entry table (one
 // permute of two registers) by one FMA, then one scaling by 2^q (scalef: a single rounding, so
 // results in the subnormal range are rounded once more from that product; q = 150 gives inf).
 // Largest error 1.01 ulp in the normal range, 1.0 in the subnormal (3.9e9 inputs over the float
 // range against the double exp). Against the degree-7 polynomial on |r| <= ln2 / 2 (0.73 ulp) it
-// takes 12 micro-ops instead of 15: SwiGLU + cast 1.05x hot, 1.04-1.05x cold, in one process. The
+// takes 11 micro-ops instead of 15: SwiGLU + cast 1.05x hot, 1.04-1.05x cold, in one process. The
 // clamp keeps |x| <= 104 in one operation (Simd::clamp_abs, VRANGEPS): e^-104 is below half the
 // smallest subnormal and e^104 above the largest float, so the clamped inputs still give 0 and inf;
 // it turns a quiet NaN into +-104.
@@ -47,21 +47,24 @@ DSK_TK_INLINE typename S::F exp_body(typename S::F x) {
   constexpr float kLn2Hi = 0.693359375f;  // 9 significant bits
   constexpr float kLn2Lo = -2.12194440e-4f;
   const F xc = S::clamp_abs(x, S::set1(104.0f));
-  // n = round(32 xc log2 e) by the shifter: adding 1.5 * 2^23 leaves the integer nearest the
-  // exact product (ties to even) in the sum's last bits, and subtracting it again is exact. Two
-  // operations where VRNDSCALEPS after a product took three micro-ops (SwiGLU + cast 1.03x). The
-  // sum's low five bits are j = n mod 32, the table's index.
-  constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23
-  const F shifted = S::fma(xc, S::set1(s * 32 * kLog2e), S::set1(kShifter));
-  const F n = S::sub(shifted, S::set1(kShifter));
-  const F r = S::fma(n, S::set1(-s * kLn2Lo / 32), S::fma(n, S::set1(-s * kLn2Hi / 32), xc));
+  // m = n / 32 with n = round(32 xc log2 e), by the shifter: adding 1.5 * 2^18 (whose last bit is
+  // worth 1/32) leaves x log2 e rounded to the nearest 1/32 (ties to even) in the sum, and
+  // subtracting it again is exact. The sum's low five bits are j = n mod 32, the table's index,
+  // and m is the exponent scalef takes. Two operations where VRNDSCALEPS after a product took
+  // three micro-ops (SwiGLU + cast 1.03x); a shifter of 1.5 * 2^23 giving n itself needed one more
+  // product for n / 32. Both give the same m: scaling the rounding by 32 changes no decision.
+  constexpr float kShifter = 393216.0f;  // 1.5 * 2^18
+  const F shifted = S::fma(xc, S::set1(s * kLog2e), S::set1(kShifter));
+  const F m = S::sub(shifted, S::set1(kShifter));
+  // m ln2_hi is exact (n has at most 13 bits, ln2_hi 9).
+  const F r = S::fma(m, S::set1(-s * kLn2Lo), S::fma(m, S::set1(-s * kLn2Hi), xc));
   // e^r - 1 = r (s + r (1/2 + r s / 6)), in r = s * the reduced argument.
   F p = S::fma(r, S::set1(s / 6), S::set1(0.5f));
   p = S::fma(p, r, S::set1(s));
   p = S::mul(p, r);
   const F t = S::lookup32(kExp2Fractions, S::bits(shifted));
-  // 2^q with q = floor(n / 32): scalef takes the floor of its exponent.
-  const F y = S::scalef(S::fma(t, p, t), S::mul(n, S::set1(1.0f / 32)));
+  // 2^q with q = floor(m): scalef takes the floor of its exponent.
+  const F y = S::scalef(S::fma(t, p, t), m);
   if constexpr (kKeepNan)
     return S::select(S::isnan(x), x, y);
   else
