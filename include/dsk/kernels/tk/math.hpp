@@ -48,7 +48,7 @@ DSK_TK_INLINE typename S::F exp_body(typename S::F x) {
   constexpr float kLn2Lo = -2.12194440e-4f;
   const F xc = S::clamp_abs(x, S::set1(104.0f));
   // m = n / 32 with n = round(32 xc log2 e), by the shifter: adding 1.5 * 2^18 (whose last bit is
-  // worth 1/32) leaves x log2 e rounded to the nearest 1/32 (ties to even) in the sum, and
+  // worth 1/32) leaves xc log2 e rounded to the nearest 1/32 (ties to even) in the sum, and
   // subtracting it again is exact. The sum's low five bits are j = n mod 32, the table's index,
   // and m is the exponent scalef takes. Two operations where VRNDSCALEPS after a product took
   // three micro-ops (SwiGLU + cast 1.03x); a shifter of 1.5 * 2^23 giving n itself needed one more
