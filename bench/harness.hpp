@@ -35,6 +35,7 @@ inline constexpr RoofTerm kRoofTerms[] = {
     {"avx512_bf16", "avx512_bf16_tflops", "AVX-512 BF16", false},
     {"l2_read", "l2_read_gbs", "L2 read", true},
     {"dram_read", "dram_read_gbs", "DRAM read", true},
+    {"dram_write", "dram_write_gbs", "DRAM write", true},
     {"core_to_core", "core_to_core_gbs", "core to core", true},
 };
 

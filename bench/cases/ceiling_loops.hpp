@@ -36,4 +36,11 @@ uint64_t read_sum_avx512(const void* data, size_t bytes);
 // The same for any x86-64 CPU (what the compiler makes of a plain 8-accumulator loop).
 uint64_t read_sum_generic(const void* data, size_t bytes);
 
+// Writes `bytes` (a multiple of 512) to 64-byte aligned `data` by 64-byte non-temporal stores of
+// `value`, then fences: memory written around the caches, as the kernels that scatter large
+// outputs (expand_to_fused, the EP exchanges) write it.
+void stream_write_avx512(void* data, size_t bytes, uint64_t value);
+// The same with 16-byte non-temporal stores (SSE2, any x86-64 CPU), or memset elsewhere.
+void stream_write_generic(void* data, size_t bytes, uint64_t value);
+
 }  // namespace dsk::bench

@@ -93,4 +93,11 @@ uint64_t read_sum_avx512(const void* data, size_t bytes) {
   return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] + lanes[7];
 }
 
+void stream_write_avx512(void* data, size_t bytes, uint64_t value) {
+  __m512i* p = static_cast<__m512i*>(data);
+  const __m512i v = _mm512_set1_epi64(static_cast<long long>(value));
+  for (size_t i = 0; i < bytes / 64; ++i) _mm512_stream_si512(p + i, v);
+  _mm_sfence();
+}
+
 }  // namespace dsk::bench

@@ -1,8 +1,12 @@
 // The "ceilings" module: this machine's roofline, measured in-process (DESIGN §7). Per core
 // (1 pinned thread) and in total (every thread, each pinned to its own CPU): AMX BF16 and INT8
-// peaks, the AVX-512 FP32 FMA and BF16 dot-product peaks, L2-resident and DRAM read bandwidth;
-// and, with two threads or more, the core-to-core bandwidth of a shared-memory ring.
+// peaks, the AVX-512 FP32 FMA and BF16 dot-product peaks, L2-resident and DRAM read bandwidth,
+// DRAM write bandwidth; and, with two threads or more, the core-to-core bandwidth of a
+// shared-memory ring.
 #include <sys/mman.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -28,6 +32,17 @@ uint64_t read_sum_generic(const void* data, size_t bytes) {
   for (size_t i = 0; i + 8 <= words; i += 8)
     for (int j = 0; j < 8; ++j) s[j] += p[i + j];
   return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+
+void stream_write_generic(void* data, size_t bytes, uint64_t value) {
+#if defined(__SSE2__)
+  auto* p = static_cast<__m128i*>(data);
+  const __m128i v = _mm_set1_epi64x(static_cast<long long>(value));
+  for (size_t i = 0; i < bytes / 16; ++i) _mm_stream_si128(p + i, v);
+  _mm_sfence();
+#else
+  std::memset(data, static_cast<int>(value & 0xFF), bytes);
+#endif
 }
 
 namespace {
@@ -64,6 +79,11 @@ std::string no_avx512_bf16() {
 using ReadFn = uint64_t (*)(const void*, size_t);
 ReadFn best_read() {
   return cpu_features().avx512f && cpu_features().avx512bw ? read_sum_avx512 : read_sum_generic;
+}
+
+using WriteFn = void (*)(void*, size_t, uint64_t);
+WriteFn best_write() {
+  return cpu_features().avx512f ? stream_write_avx512 : stream_write_generic;
 }
 
 // The shortest of three team runs of fn: one run can be stretched by a preempted thread.
@@ -184,6 +204,30 @@ Prepared prepare_dram_read(int threads) {
     return team->run([&](int i) {
       const auto [begin, end] = slice(kDramBytes, threads, i);
       g_sink.fetch_add(read(buffer->data() + begin, end - begin), std::memory_order_relaxed);
+    });
+  };
+  p.bytes = static_cast<double>(kDramBytes);
+  return p;
+}
+
+// The threads share one 1 GiB buffer, each touching its own slice and then writing it around the
+// caches. Non-temporal stores because a plain store first reads the line it writes on most CPUs
+// (the Xeon), so plain stores would measure a copy; on the AMD Zen 5 VM plain 64-byte stores of
+// whole lines were no slower (42-53 GB/s against 37-40 on two threads), a rate this term does not
+// claim.
+Prepared prepare_dram_write(int threads) {
+  auto team = std::make_shared<PinnedTeam>(threads);
+  auto buffer = std::make_shared<HugeBuffer>(kDramBytes);
+  team->run([&](int i) {
+    const auto [begin, end] = slice(kDramBytes, threads, i);
+    std::memset(buffer->data() + begin, 0x5A, end - begin);
+  });
+  const WriteFn write = best_write();
+  Prepared p;
+  p.timed_kernel = [team, buffer, write, threads](int copy) {
+    return team->run([&](int i) {
+      const auto [begin, end] = slice(kDramBytes, threads, i);
+      write(buffer->data() + begin, end - begin, static_cast<uint64_t>(copy) + 1);
     });
   };
   p.bytes = static_cast<double>(kDramBytes);
@@ -315,6 +359,17 @@ void register_ceilings_cases(Registry& r) {
                   .measures = "dram_read",
                   .per_core = per_core,
                   .prepare = [threads](const CaseContext&) { return prepare_dram_read(threads); }});
+  });
+  for_each_scope([&](int threads, bool per_core) {
+    r.add(BenchCase{
+        .name = "dram_write",
+        .shape = fmt::format("1 GiB, non-temporal stores, {}", thread_text(threads)),
+        .ceiling = "dram_write",
+        .residency = Residency::cold,
+        .working_set_bytes = kDramBytes,
+        .measures = "dram_write",
+        .per_core = per_core,
+        .prepare = [threads](const CaseContext&) { return prepare_dram_write(threads); }});
   });
   // Two cores at least, so only the whole-machine case.
   const int threads = get_num_threads();

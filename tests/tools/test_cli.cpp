@@ -194,9 +194,11 @@ TEST_F(BenchCeilings, JsonFollowsTheSchema) {
   expect_env_keys(j["env"]);
   const nlohmann::json& c = j["ceilings"];
   expect_keys(c, {"amx_bf16_tflops", "amx_int8_tops", "fp32_tflops", "dram_read_gbs",
-                  "core_to_core_gbs", "threads", "per_core"});
+                  "dram_write_gbs", "core_to_core_gbs", "threads", "per_core"});
   ASSERT_TRUE(c["dram_read_gbs"].is_number()) << c;
   EXPECT_GT(c["dram_read_gbs"].get<double>(), 0);
+  ASSERT_TRUE(c["dram_write_gbs"].is_number()) << c;
+  EXPECT_GT(c["dram_write_gbs"].get<double>(), 0);
   EXPECT_EQ(c["amx_bf16_tflops"].is_number(), backend_supported(Backend::amx)) << c;
   // Two threads or more pass chunks between cores; one thread has no other core to pass to.
   if (c["threads"].get<int>() >= 2) {
