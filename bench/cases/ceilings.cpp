@@ -190,48 +190,40 @@ Prepared prepare_l2_read(int threads, const CaseContext& ctx) {
   return p;
 }
 
-// The threads share one 1 GiB buffer, each touching and then reading its own slice.
-Prepared prepare_dram_read(int threads) {
+// The threads share one 1 GiB buffer, each first touching its own slice; each timed call runs
+// pass(data, bytes, copy) over every thread's slice.
+template <class Pass>
+Prepared prepare_dram(int threads, Pass pass) {
   auto team = std::make_shared<PinnedTeam>(threads);
   auto buffer = std::make_shared<HugeBuffer>(kDramBytes);
   team->run([&](int i) {
     const auto [begin, end] = slice(kDramBytes, threads, i);
     std::memset(buffer->data() + begin, 0x5A, end - begin);
   });
-  const ReadFn read = best_read();
   Prepared p;
-  p.timed_kernel = [team, buffer, read, threads](int) {
+  p.timed_kernel = [team, buffer, pass, threads](int copy) {
     return team->run([&](int i) {
       const auto [begin, end] = slice(kDramBytes, threads, i);
-      g_sink.fetch_add(read(buffer->data() + begin, end - begin), std::memory_order_relaxed);
+      pass(buffer->data() + begin, end - begin, copy);
     });
   };
   p.bytes = static_cast<double>(kDramBytes);
   return p;
 }
 
-// The threads share one 1 GiB buffer, each touching its own slice and then writing it around the
-// caches. Non-temporal stores because a plain store first reads the line it writes on most CPUs
-// (the Xeon), so plain stores would measure a copy; on the AMD Zen 5 VM plain 64-byte stores of
-// whole lines were no slower (42-53 GB/s against 37-40 on two threads), a rate this term does not
-// claim.
-Prepared prepare_dram_write(int threads) {
-  auto team = std::make_shared<PinnedTeam>(threads);
-  auto buffer = std::make_shared<HugeBuffer>(kDramBytes);
-  team->run([&](int i) {
-    const auto [begin, end] = slice(kDramBytes, threads, i);
-    std::memset(buffer->data() + begin, 0x5A, end - begin);
+Prepared prepare_dram_read(int threads) {
+  return prepare_dram(threads, [read = best_read()](const char* data, size_t bytes, int) {
+    g_sink.fetch_add(read(data, bytes), std::memory_order_relaxed);
   });
-  const WriteFn write = best_write();
-  Prepared p;
-  p.timed_kernel = [team, buffer, write, threads](int copy) {
-    return team->run([&](int i) {
-      const auto [begin, end] = slice(kDramBytes, threads, i);
-      write(buffer->data() + begin, end - begin, static_cast<uint64_t>(copy) + 1);
-    });
-  };
-  p.bytes = static_cast<double>(kDramBytes);
-  return p;
+}
+
+// Non-temporal stores because a plain store first reads the line it writes on most CPUs (the
+// Xeon), so plain stores would measure a copy; on the AMD Zen 5 VM plain 64-byte stores of whole
+// lines were no slower (42-53 GB/s against 37-40 on two threads), a rate this term does not claim.
+Prepared prepare_dram_write(int threads) {
+  return prepare_dram(threads, [write = best_write()](char* data, size_t bytes, int copy) {
+    write(data, bytes, static_cast<uint64_t>(copy) + 1);
+  });
 }
 
 // Core to core: threads 2p and 2p + 1 pass chunks to each other through two rings (one each
@@ -349,28 +341,25 @@ void register_ceilings_cases(Registry& r) {
         .per_core = per_core,
         .prepare = [threads](const CaseContext& ctx) { return prepare_l2_read(threads, ctx); }});
   });
-  for_each_scope([&](int threads, bool per_core) {
-    r.add(
-        BenchCase{.name = "dram_read",
-                  .shape = fmt::format("1 GiB, {}", thread_text(threads)),
-                  .ceiling = "dram_read",
-                  .residency = Residency::cold,
-                  .working_set_bytes = kDramBytes,
-                  .measures = "dram_read",
-                  .per_core = per_core,
-                  .prepare = [threads](const CaseContext&) { return prepare_dram_read(threads); }});
-  });
-  for_each_scope([&](int threads, bool per_core) {
-    r.add(BenchCase{
-        .name = "dram_write",
-        .shape = fmt::format("1 GiB, non-temporal stores, {}", thread_text(threads)),
-        .ceiling = "dram_write",
-        .residency = Residency::cold,
-        .working_set_bytes = kDramBytes,
-        .measures = "dram_write",
-        .per_core = per_core,
-        .prepare = [threads](const CaseContext&) { return prepare_dram_write(threads); }});
-  });
+  struct DramTerm {
+    const char* name;
+    const char* how;  // what the shape adds to "1 GiB"
+    Prepared (*prepare)(int threads);
+  };
+  for (const DramTerm& term : {DramTerm{"dram_read", "", prepare_dram_read},
+                               DramTerm{"dram_write", ", non-temporal stores", prepare_dram_write}})
+    for_each_scope([&](int threads, bool per_core) {
+      r.add(BenchCase{.name = term.name,
+                      .shape = fmt::format("1 GiB{}, {}", term.how, thread_text(threads)),
+                      .ceiling = term.name,
+                      .residency = Residency::cold,
+                      .working_set_bytes = kDramBytes,
+                      .measures = term.name,
+                      .per_core = per_core,
+                      .prepare = [prepare = term.prepare, threads](const CaseContext&) {
+                        return prepare(threads);
+                      }});
+    });
   // Two cores at least, so only the whole-machine case.
   const int threads = get_num_threads();
   r.add(BenchCase{
