@@ -1,7 +1,7 @@
 // The "ceilings" module: this machine's roofline, measured in-process (DESIGN §7). Per core
 // (1 pinned thread) and in total (every thread, each pinned to its own CPU): AMX BF16 and INT8
-// peaks, the AVX-512 FP32 FMA and BF16 dot-product peaks, L2-resident and DRAM read bandwidth,
-// DRAM write bandwidth; and, with two threads or more, the core-to-core bandwidth of a
+// peaks, the AVX-512 FP32 FMA and BF16 dot-product peaks, L2-resident read bandwidth, DRAM read
+// and write bandwidth; and, with two threads or more, the core-to-core bandwidth of a
 // shared-memory ring.
 #include <sys/mman.h>
 #if defined(__SSE2__)
@@ -191,7 +191,7 @@ Prepared prepare_l2_read(int threads, const CaseContext& ctx) {
 }
 
 // The threads share one 1 GiB buffer, each first touching its own slice; each timed call runs
-// pass(data, bytes, copy) over every thread's slice.
+// pass(data, bytes) over every thread's slice.
 template <class Pass>
 Prepared prepare_dram(int threads, Pass pass) {
   auto team = std::make_shared<PinnedTeam>(threads);
@@ -201,10 +201,10 @@ Prepared prepare_dram(int threads, Pass pass) {
     std::memset(buffer->data() + begin, 0x5A, end - begin);
   });
   Prepared p;
-  p.timed_kernel = [team, buffer, pass, threads](int copy) {
+  p.timed_kernel = [team, buffer, pass, threads](int) {
     return team->run([&](int i) {
       const auto [begin, end] = slice(kDramBytes, threads, i);
-      pass(buffer->data() + begin, end - begin, copy);
+      pass(buffer->data() + begin, end - begin);
     });
   };
   p.bytes = static_cast<double>(kDramBytes);
@@ -212,7 +212,7 @@ Prepared prepare_dram(int threads, Pass pass) {
 }
 
 Prepared prepare_dram_read(int threads) {
-  return prepare_dram(threads, [read = best_read()](const char* data, size_t bytes, int) {
+  return prepare_dram(threads, [read = best_read()](const char* data, size_t bytes) {
     g_sink.fetch_add(read(data, bytes), std::memory_order_relaxed);
   });
 }
@@ -221,9 +221,8 @@ Prepared prepare_dram_read(int threads) {
 // Xeon), so plain stores would measure a copy; on the AMD Zen 5 VM plain 64-byte stores of whole
 // lines were no slower (42-53 GB/s against 37-40 on two threads), a rate this term does not claim.
 Prepared prepare_dram_write(int threads) {
-  return prepare_dram(threads, [write = best_write()](char* data, size_t bytes, int copy) {
-    write(data, bytes, static_cast<uint64_t>(copy) + 1);
-  });
+  return prepare_dram(threads,
+                      [write = best_write()](char* data, size_t bytes) { write(data, bytes, 1); });
 }
 
 // Core to core: threads 2p and 2p + 1 pass chunks to each other through two rings (one each
