@@ -166,8 +166,8 @@ QuantTensor per_block_cast(const Tensor& x, std::string_view fmt, BlockSize bloc
   a.q = o.q;
   // A large output (8 MiB or more of a weight's codes) goes around the caches: nothing reads it in
   // this call, and a plain store first reads the line it writes (7168 x 2048 bf16, two threads, six
-  // alternated pairs: 1.1-1.6x). The row casts, tried the same way, were not faster (docs/tk.md,
-  // thirteenth round).
+  // alternated pairs: 1.1-1.6x). The row casts, tried the same way, were not faster
+  // (docs/tk-performance-log.md, thirteenth round).
   a.q.stream = o.result.data.nbytes() >= dsk::detail::kStreamCopyBytes;
   const auto kernel = detail::kernel_table().block_cast[x_index(x)];
   detail::parallel_rows(block_rows, 2 * bm * cols,
