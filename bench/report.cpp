@@ -105,6 +105,7 @@ nlohmann::json row_json(const BenchRow& r) {
           {"flops", r.flops},
           {"bytes", r.bytes},
           {"repetitions", r.repetitions},
+          {"pass_medians_s", r.pass_medians_s},
           {"skipped", ran ? nlohmann::json(nullptr) : nlohmann::json(r.skipped)}};
 }
 
@@ -157,6 +158,9 @@ void print_bench_table(std::FILE* out, const BenchReport& report) {
                                        {"vs peer", true}};
   std::vector<std::vector<std::string>> cells;
   for (const BenchRow& r : report.rows) cells.push_back(bench_cells(r));
+  if (report.passes > 1)
+    fmt::print(out, "each case's median from the fastest of {} passes (all of them in --json)\n",
+               report.passes);
   print_table(out, columns, cells);
 }
 
@@ -193,6 +197,7 @@ nlohmann::json to_json(const BenchReport& report) {
   for (const BenchRow& r : report.rows) results.push_back(row_json(r));
   return {{"env", environment_json()},
           {"quick", report.quick},
+          {"passes", report.passes},
           {"ceilings", to_json(report.ceilings)},
           {"results", results}};
 }

@@ -202,6 +202,26 @@ void record_ceiling(Ceilings& c, const BenchRow& row) {
   best = std::max(best, *rate);
 }
 
+// Seconds per unit of the work a call declares: the ceilings size their calls anew in every
+// pass, so their passes compare by rate; other cases do the same work in each.
+double seconds_per_unit(const BenchRow& row) {
+  return row.median_s / (row.bytes > 0 ? row.bytes : row.flops > 0 ? row.flops : 1.0);
+}
+
+// Keeps in `kept` the faster of its pass and `row`'s, two passes of one case, and the peer's
+// faster pass; `kept.pass_medians_s` gains the new pass's median.
+void keep_fastest_pass(BenchRow& kept, BenchRow row) {
+  if (!row.skipped.empty()) return;  // then so is `kept`, for the same reason
+  std::vector<double> passes = std::move(kept.pass_medians_s);
+  passes.push_back(row.median_s);
+  std::optional<double> peer = kept.peer_median_s;
+  if (row.peer_median_s) peer = std::min(peer.value_or(*row.peer_median_s), *row.peer_median_s);
+  if (seconds_per_unit(row) < seconds_per_unit(kept)) kept = std::move(row);
+  kept.pass_medians_s = std::move(passes);
+  kept.peer_median_s = peer;
+  add_rates(kept);
+}
+
 void add_fraction(BenchRow& row, const Ceilings& c) {
   const std::optional<double> roof = c.get(row.ceiling);
   const std::optional<double> rate = roof_term(row.ceiling).bandwidth ? row.gbs : row.tflops;
@@ -219,6 +239,8 @@ BenchReport run_bench(const std::vector<std::string>& modules, const RunOptions&
   const Registry& reg = registry();
   const std::vector<std::string> selected = checked_modules(modules, reg.bench_modules(), "bench");
   const Selector select(options, "bench");
+  DSK_CHECK_ARG(options.passes >= 1 && options.passes <= kMaxPasses, "bench", "--repeat",
+                fmt::format("1 to {}", kMaxPasses), std::to_string(options.passes));
   auto reported = [&](const BenchCase& c) {
     return contains(selected, c.module) && select(c.module, c.name, c.quick);
   };
@@ -239,16 +261,18 @@ BenchReport run_bench(const std::vector<std::string>& modules, const RunOptions&
 
   BenchReport report;
   report.quick = options.quick;
+  report.passes = options.passes;
   if (options.ceilings) report.ceilings = *options.ceilings;
   report.ceilings.threads = get_num_threads();
   const CaseContext ctx{.quick = options.quick, .copies = 1, .threads = get_num_threads()};
   const auto ceiling_cases = std::count_if(
       plan.begin(), plan.end(), [](const auto& p) { return p.first->module == "ceilings"; });
-  Progress progress(plan.size() + (need_reference ? static_cast<size_t>(ceiling_cases) : 0),
-                    options.progress);
-  for (const auto& [c, is_reported] : plan) {
-    progress.step(c->module + "/" + c->name + " " + c->shape);
-    BenchRow row = run_bench_case(*c, ctx);
+  Progress progress(
+      plan.size() * options.passes + (need_reference ? static_cast<size_t>(ceiling_cases) : 0),
+      options.progress);
+  auto run_one = [&](const BenchCase& c, const std::string& label_end) {
+    progress.step(c.module + "/" + c.name + " " + c.shape + label_end);
+    BenchRow row = run_bench_case(c, ctx);
     // Each case starts from an empty tensor cache: blocks the earlier cases left cached (up to
     // DSK_TENSOR_CACHE_MB) otherwise fragment memory, so a later case's fresh outputs can miss
     // huge pages. expand_to_fused, whose rows scatter over a 150 MB output, ran at 31% of
@@ -256,19 +280,30 @@ BenchReport run_bench(const std::vector<std::string>& modules, const RunOptions&
     dsk::release_cached_tensor_memory();
     add_rates(row);
     record_ceiling(report.ceilings, row);
-    if (is_reported) report.rows.push_back(std::move(row));
-  }
+    return row;
+  };
+  std::vector<std::optional<BenchRow>> kept(plan.size());  // the reported cases' fastest passes
+  for (int pass = 0; pass < options.passes; ++pass)
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const auto& [c, is_reported] = plan[i];
+      BenchRow row = run_one(
+          *c, options.passes == 1 ? "" : fmt::format(" (pass {}/{})", pass + 1, options.passes));
+      if (!is_reported) continue;
+      if (kept[i]) {
+        keep_fastest_pass(*kept[i], std::move(row));
+      } else {
+        if (row.skipped.empty()) row.pass_medians_s = {row.median_s};
+        kept[i] = std::move(row);
+      }
+    }
   // When the ceilings are the reference of other cases, they run once more after them and each
   // keeps its better pass: on a shared machine one pass can land in a busy moment and inflate
   // every ratio of the run.
   if (need_reference)
     for (const auto& [c, is_reported] : plan)
-      if (c->module == "ceilings") {
-        progress.step(c->module + "/" + c->name + " " + c->shape + " (second pass)");
-        BenchRow row = run_bench_case(*c, ctx);
-        add_rates(row);
-        record_ceiling(report.ceilings, row);
-      }
+      if (c->module == "ceilings") run_one(*c, " (again)");
+  for (std::optional<BenchRow>& row : kept)
+    if (row) report.rows.push_back(std::move(*row));
   progress.clear();
 
   Ceilings& ceil = report.ceilings;

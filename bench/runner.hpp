@@ -31,6 +31,10 @@ struct RunOptions {
   bool quick = false;    // only cases marked quick, shorter timing
   std::string filter{};  // POSIX extended regex searched in "module/name"; "" selects all
   bool progress = true;  // draw a progress bar on stderr when it is a terminal
+  // Bench only: how many times every selected case is timed, in passes over the whole selection
+  // (so a case's passes are minutes apart on a long run). Each case keeps its fastest pass, as
+  // each ceiling does: on a shared machine a pass can land in a busy moment.
+  int passes = 1;
   // Ceilings measured earlier in this process, reused instead of measuring them again (bench
   // runs that do not list "ceilings" only).
   std::optional<Ceilings> ceilings{};
@@ -44,14 +48,16 @@ struct BenchRow {
   std::string skipped{};  // why the case did not run ("no AMX"); "" when it ran
   int repetitions = 0;
   double flops = 0, bytes = 0;
-  double median_s = 0;
+  double median_s = 0;  // the fastest pass's median
   std::optional<double> peer_median_s{};
+  std::vector<double> pass_medians_s{};  // every pass's median, in run order
   // Derived by finish(): rates, the fraction of the ceiling and the peer ratio.
   std::optional<double> tflops{}, gbs{}, fraction_of_ceiling{}, speedup_vs_peer{};
 };
 
 struct BenchReport {
   bool quick = false;
+  int passes = 1;
   Ceilings ceilings;
   std::vector<BenchRow> rows{};  // the requested modules' cases, in registry order
 };
@@ -59,7 +65,8 @@ struct BenchReport {
 // Runs the bench cases of `modules` (all modules when empty) that pass the filter. The ceilings
 // are measured first in the same process (all of them, unless options.ceilings holds them
 // already), and appear as rows when the "ceilings" module is selected. Raises dsk::Error for an
-// unknown module or a selection without cases.
+// unknown module, a selection without cases or options.passes outside 1..kMaxPasses.
+inline constexpr int kMaxPasses = 100;
 BenchReport run_bench(const std::vector<std::string>& modules, const RunOptions& options);
 
 struct VerifyRow {

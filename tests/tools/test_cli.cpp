@@ -1,8 +1,10 @@
 // The `dsk` program, run as a user runs it: JSON outputs parse and carry the documented keys,
 // every error is one stderr line with exit status 2, verify passes, --plot draws a PNG.
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -139,6 +141,30 @@ TEST(Cli, PrefillChunkSetsTheLayerStep) {
   expect_one_error_line(stderr_of("bench layer --list --prefill-chunk -3"));
 }
 
+// --repeat N times the selection N times over and keeps each case's fastest pass, listing every
+// pass's median in the JSON; a count outside 1..100 is refused before anything runs. (A tk case:
+// the ceilings size their calls anew in every pass, so their passes compare by rate instead.)
+TEST(Cli, BenchRepeatKeepsTheFastestOfEveryPass) {
+  DSK_SKIP_WITHOUT_PROGRAM();
+  test::TempDir dir;
+  const std::string json = (dir.path() / "repeat.json").string();
+  const Outcome run =
+      stdout_of("bench tk --quick --filter 'tk/get_fused_mapping' --repeat 2 --json " + json);
+  ASSERT_EQ(run.status, 0) << run.out;
+  EXPECT_NE(run.out.find("fastest of 2 passes"), std::string::npos) << run.out;
+  const nlohmann::json j = nlohmann::json::parse(read_file(json));
+  EXPECT_EQ(j["passes"], 2);
+  ASSERT_EQ(j["results"].size(), 1u) << j["results"];
+  for (const auto& r : j["results"]) {
+    const auto medians = r["pass_medians_s"].get<std::vector<double>>();
+    ASSERT_EQ(medians.size(), 2u) << r;
+    EXPECT_EQ(r["median_s"].get<double>(), *std::min_element(medians.begin(), medians.end())) << r;
+  }
+  for (const char* bad : {"0", "101", "-1", "two"})
+    expect_one_error_line(
+        stderr_of(std::string("bench ceilings --filter fp32_fma_peak --repeat ") + bad));
+}
+
 TEST(Cli, VerifyQuickPassesAndWritesJson) {
   DSK_SKIP_WITHOUT_PROGRAM();
   test::TempDir dir;
@@ -190,8 +216,9 @@ TEST_F(BenchCeilings, SucceedsQuietlyWhenStderrIsNotATerminal) {
 TEST_F(BenchCeilings, JsonFollowsTheSchema) {
   DSK_SKIP_WITHOUT_PROGRAM();
   const nlohmann::json j = nlohmann::json::parse(read_file(dir_->path() / "ceilings.json"));
-  expect_keys(j, {"env", "ceilings", "results"});
+  expect_keys(j, {"env", "quick", "passes", "ceilings", "results"});
   expect_env_keys(j["env"]);
+  EXPECT_EQ(j["passes"], 1);
   const nlohmann::json& c = j["ceilings"];
   expect_keys(c, {"amx_bf16_tflops", "amx_int8_tops", "fp32_tflops", "dram_read_gbs",
                   "dram_write_gbs", "core_to_core_gbs", "threads", "per_core"});
@@ -212,11 +239,13 @@ TEST_F(BenchCeilings, JsonFollowsTheSchema) {
   }
   ASSERT_FALSE(j["results"].empty());
   for (const auto& r : j["results"]) {
-    expect_keys(r, {"module", "name", "shape", "median_s", "tflops", "gbs", "ceiling",
-                    "fraction_of_ceiling", "peer", "peer_median_s", "speedup_vs_peer"});
+    expect_keys(
+        r, {"module", "name", "shape", "median_s", "tflops", "gbs", "ceiling",
+            "fraction_of_ceiling", "peer", "peer_median_s", "speedup_vs_peer", "pass_medians_s"});
     EXPECT_EQ(r["module"], "ceilings");
     if (r["skipped"].is_null()) {
       EXPECT_GT(r["median_s"].get<double>(), 0) << r;
+      EXPECT_EQ(r["pass_medians_s"], nlohmann::json::array({r["median_s"]})) << r;
     }
   }
 }

@@ -1,4 +1,4 @@
-// `dsk bench [MODULE...] [--json F] [--plot F] [--quick] [--filter RE] [--preset P]
+// `dsk bench [MODULE...] [--json F] [--plot F] [--quick] [--filter RE] [--repeat N] [--preset P]
 // [--checkpoint DIR] [--prefill-chunk N] [--list]`:
 // measures the ceilings, then times each case of the chosen modules against them and against its
 // peer.
@@ -60,13 +60,13 @@ void restart_with_sleeping_openmp_barriers() {
   if (!error) ::execv(self.c_str(), argv.data());  // returns only on failure: run as we are
 }
 
-void run_bench_command(const CaseOptions& o) {
+void run_bench_command(const CaseOptions& o, int passes) {
   if (o.list) return list_bench_cases();
   restart_with_sleeping_openmp_barriers();
   if (!o.json.empty()) bench::check_output_file(o.json, "bench", "--json");
   if (!o.plot.empty()) bench::check_can_plot(o.plot);
   const bench::BenchReport report =
-      bench::run_bench(o.modules, {.quick = o.quick, .filter = o.filter});
+      bench::run_bench(o.modules, {.quick = o.quick, .filter = o.filter, .passes = passes});
   bench::print_ceilings(stdout, report.ceilings);
   fmt::print("\n");
   bench::print_bench_table(stdout, report);
@@ -93,6 +93,12 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--preset", *preset, "run only the layer module's cases of model preset NAME")
       ->type_name("NAME")
       ->check(CLI::IsMember(model::preset_names()));
+  auto passes = std::make_shared<int>(1);
+  cmd->add_option(
+         "--repeat", *passes,
+         "time the selection N times over (passes minutes apart on a long run) and keep "
+         "each case's fastest pass, as each ceiling keeps its own (default 1, at most 100)")
+      ->type_name("N");
   auto checkpoint = std::make_shared<std::string>();
   cmd->add_option("--checkpoint", *checkpoint,
                   "the layer module reads the weights of the preset with these layer shapes from "
@@ -105,11 +111,11 @@ void add_bench_command(CLI::App& app) {
                       "the layer module's prefill cases run in steps of N tokens (chunked "
                       "prefill; default: the preset's, one step of 2048 for v32)")
           ->type_name("N");
-  cmd->callback([options, preset, checkpoint, prefill_chunk, chunk_option] {
+  cmd->callback([options, passes, preset, checkpoint, prefill_chunk, chunk_option] {
     if (chunk_option->count() > 0) bench::set_layer_prefill_chunk(*prefill_chunk);
     if (!checkpoint->empty()) bench::set_layer_checkpoint(*checkpoint);
     if (!preset->empty()) options->filter = layer_preset_filter(*preset, options->filter);
-    run_bench_command(*options);
+    run_bench_command(*options, *passes);
   });
 }
 
