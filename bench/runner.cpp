@@ -208,18 +208,21 @@ double seconds_per_unit(const BenchRow& row) {
   return row.median_s / (row.bytes > 0 ? row.bytes : row.flops > 0 ? row.flops : 1.0);
 }
 
-// Keeps in `kept` the faster of its pass and `row`'s, two passes of one case, and the peer's
-// faster pass; `kept.pass_medians_s` gains the new pass's median.
-void keep_fastest_pass(BenchRow& kept, BenchRow row) {
-  if (!row.skipped.empty()) return;  // then so is `kept`, for the same reason
-  std::vector<double> passes = std::move(kept.pass_medians_s);
+// Keeps in `kept` the faster of its pass and `row`'s, two passes of one case (or `row` when it
+// is the first), and the peer's faster pass; `kept->pass_medians_s` gains the new pass's median.
+void keep_fastest_pass(std::optional<BenchRow>& kept, BenchRow row) {
+  if (!row.skipped.empty()) {  // then every pass is skipped, for the same reason
+    if (!kept) kept = std::move(row);
+    return;
+  }
+  std::vector<double> passes = kept ? std::move(kept->pass_medians_s) : std::vector<double>{};
   passes.push_back(row.median_s);
-  std::optional<double> peer = kept.peer_median_s;
+  std::optional<double> peer = kept ? kept->peer_median_s : std::nullopt;
   if (row.peer_median_s) peer = std::min(peer.value_or(*row.peer_median_s), *row.peer_median_s);
-  if (seconds_per_unit(row) < seconds_per_unit(kept)) kept = std::move(row);
-  kept.pass_medians_s = std::move(passes);
-  kept.peer_median_s = peer;
-  add_rates(kept);
+  if (!kept || seconds_per_unit(row) < seconds_per_unit(*kept)) kept = std::move(row);
+  kept->pass_medians_s = std::move(passes);
+  kept->peer_median_s = peer;
+  add_rates(*kept);
 }
 
 void add_fraction(BenchRow& row, const Ceilings& c) {
@@ -288,13 +291,7 @@ BenchReport run_bench(const std::vector<std::string>& modules, const RunOptions&
       const auto& [c, is_reported] = plan[i];
       BenchRow row = run_one(
           *c, options.passes == 1 ? "" : fmt::format(" (pass {}/{})", pass + 1, options.passes));
-      if (!is_reported) continue;
-      if (kept[i]) {
-        keep_fastest_pass(*kept[i], std::move(row));
-      } else {
-        if (row.skipped.empty()) row.pass_medians_s = {row.median_s};
-        kept[i] = std::move(row);
-      }
+      if (is_reported) keep_fastest_pass(kept[i], std::move(row));
     }
   // When the ceilings are the reference of other cases, they run once more after them and each
   // keeps its better pass: on a shared machine one pass can land in a busy moment and inflate

@@ -51,7 +51,8 @@ struct BenchRow {
   double median_s = 0;  // the fastest pass's median
   std::optional<double> peer_median_s{};
   std::vector<double> pass_medians_s{};  // every pass's median, in run order
-  // Derived by finish(): rates, the fraction of the ceiling and the peer ratio.
+  // Derived by the runner (add_rates, add_fraction): rates, the fraction of the ceiling and the
+  // peer ratio.
   std::optional<double> tflops{}, gbs{}, fraction_of_ceiling{}, speedup_vs_peer{};
 };
 
